@@ -1,0 +1,217 @@
+"""In-memory trace records: per request, per output position, what each SD method would get accepted.
+
+Conventions (shared by replay tracing, the bench, the importer and the simulator):
+- Output positions p = 0 .. output_len-1 index the target's generated tokens. Entry p describes one SD
+  step whose context is prompt + output[:p]: the proposer offers up to k_max draft tokens for output[p:].
+- acc_len[p] = accepted drafts + 1 (the bonus/recovered token), so 1 .. k_max+1. This is the study's
+  `acc_len`. Position 0 is produced by prefill, so simulators start stepping at p = 1.
+- num_proposed[p] = how many draft tokens the proposer could offer there (0 = no proposal, e.g. an n-gram
+  lookup miss). None for the whole method when unknown (e.g. imported study traces), never invented.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from speclab.errors import TraceError
+
+# Method names a trace may carry. Custom proposers use "custom:<name>".
+KNOWN_METHODS: tuple[str, ...] = ("ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp")
+_CUSTOM_RE = re.compile(r"^custom:[A-Za-z0-9_.\-]+$")
+
+# Study categories a workload can stand for.
+CATEGORIES: tuple[str, ...] = ("code-editing", "summarization", "math", "chat", "reasoning", "other")
+
+
+def check_method_name(name: str) -> str:
+    if name in KNOWN_METHODS or _CUSTOM_RE.match(name):
+        return name
+    raise TraceError(f"unknown method {name!r} (known: {', '.join(KNOWN_METHODS)}, or custom:<name>)")
+
+
+@dataclass
+class MethodTrace:
+    k_max: int
+    acc_len: np.ndarray  # int16/int32, one per output position, 1..k_max+1
+    num_proposed: np.ndarray | None = None  # one per output position, 0..k_max; None = not recorded
+
+    def __post_init__(self) -> None:
+        self.acc_len = np.asarray(self.acc_len, dtype=np.int32)
+        if self.num_proposed is not None:
+            self.num_proposed = np.asarray(self.num_proposed, dtype=np.int32)
+
+    def validate(self, output_len: int, where: str) -> None:
+        if not isinstance(self.k_max, int | np.integer) or self.k_max < 1:
+            raise TraceError(f"{where}: field k_max: must be an integer >= 1, got {self.k_max!r}")
+        if self.acc_len.ndim != 1 or len(self.acc_len) != output_len:
+            raise TraceError(
+                f"{where}: field acc_len: has {len(self.acc_len)} entries, expected output_len={output_len}"
+            )
+        if len(self.acc_len) and (self.acc_len.min() < 1 or self.acc_len.max() > self.k_max + 1):
+            bad = int(np.flatnonzero((self.acc_len < 1) | (self.acc_len > self.k_max + 1))[0])
+            raise TraceError(
+                f"{where}: field acc_len: value {int(self.acc_len[bad])} at position {bad} "
+                f"out of range 1..{self.k_max + 1}"
+            )
+        if self.num_proposed is not None:
+            np_ = self.num_proposed
+            if np_.ndim != 1 or len(np_) != output_len:
+                raise TraceError(
+                    f"{where}: field num_proposed: has {len(np_)} entries, expected output_len={output_len}"
+                )
+            if len(np_) and (np_.min() < 0 or np_.max() > self.k_max):
+                bad = int(np.flatnonzero((np_ < 0) | (np_ > self.k_max))[0])
+                raise TraceError(
+                    f"{where}: field num_proposed: value {int(np_[bad])} at position {bad} "
+                    f"out of range 0..{self.k_max}"
+                )
+            over = np.flatnonzero(self.acc_len > np_ + 1)
+            if len(over):
+                p = int(over[0])
+                raise TraceError(
+                    f"{where}: field acc_len: {int(self.acc_len[p])} at position {p} exceeds "
+                    f"num_proposed+1 = {int(np_[p]) + 1}"
+                )
+
+
+@dataclass
+class RequestTrace:
+    id: str
+    workload: str
+    category: str
+    prompt_len: int
+    output_len: int
+    methods: dict[str, MethodTrace] = field(default_factory=dict)
+    prompt_token_ids: np.ndarray | None = None
+    output_token_ids: np.ndarray | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.prompt_token_ids is not None:
+            self.prompt_token_ids = np.asarray(self.prompt_token_ids, dtype=np.int32)
+        if self.output_token_ids is not None:
+            self.output_token_ids = np.asarray(self.output_token_ids, dtype=np.int32)
+
+    def validate(self, where: str = "record") -> None:
+        where = f"{where} (id={self.id!r})"
+        if not isinstance(self.id, str) or not self.id:
+            raise TraceError(f"{where}: field id: must be a non-empty string")
+        if self.category not in CATEGORIES:
+            raise TraceError(f"{where}: field category: {self.category!r} not one of {', '.join(CATEGORIES)}")
+        for name, value in (("prompt_len", self.prompt_len), ("output_len", self.output_len)):
+            if not isinstance(value, int | np.integer) or value < 0:
+                raise TraceError(f"{where}: field {name}: must be an integer >= 0, got {value!r}")
+        if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_len:
+            raise TraceError(
+                f"{where}: field prompt_token_ids: has {len(self.prompt_token_ids)} tokens, "
+                f"prompt_len is {self.prompt_len}"
+            )
+        if self.output_token_ids is not None and len(self.output_token_ids) != self.output_len:
+            raise TraceError(
+                f"{where}: field output_token_ids: has {len(self.output_token_ids)} tokens, "
+                f"output_len is {self.output_len}"
+            )
+        for name, mt in self.methods.items():
+            try:
+                check_method_name(name)
+            except TraceError as exc:
+                raise TraceError(f"{where}: field methods: {exc}") from None
+            mt.validate(self.output_len, f"{where} method {name}")
+
+    # --- JSON (lossless) ---------------------------------------------------------------------------
+    def to_json_dict(self) -> dict[str, Any]:
+        def ids(a: np.ndarray | None) -> list[int] | None:
+            return None if a is None else a.tolist()
+
+        return {
+            "id": self.id,
+            "workload": self.workload,
+            "category": self.category,
+            "prompt_len": int(self.prompt_len),
+            "output_len": int(self.output_len),
+            "prompt_token_ids": ids(self.prompt_token_ids),
+            "output_token_ids": ids(self.output_token_ids),
+            "methods": {
+                name: {
+                    "k_max": int(mt.k_max),
+                    "acc_len": mt.acc_len.tolist(),
+                    "num_proposed": ids(mt.num_proposed),
+                }
+                for name, mt in self.methods.items()
+            },
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_json_dict(cls, d: Any, where: str) -> RequestTrace:
+        if not isinstance(d, dict):
+            raise TraceError(f"{where}: expected a JSON object, got {type(d).__name__}")
+        try:
+            methods_raw = d.get("methods") or {}
+            if not isinstance(methods_raw, dict):
+                raise TraceError(f"{where}: field methods: expected an object")
+            methods = {}
+            for name, m in methods_raw.items():
+                if not isinstance(m, dict) or "acc_len" not in m or "k_max" not in m:
+                    raise TraceError(f"{where}: field methods.{name}: needs k_max and acc_len")
+                methods[name] = MethodTrace(
+                    k_max=_as_int(m["k_max"], f"{where}: field methods.{name}.k_max"),
+                    acc_len=_as_int_array(m["acc_len"], f"{where}: field methods.{name}.acc_len"),
+                    num_proposed=None
+                    if m.get("num_proposed") is None
+                    else _as_int_array(m["num_proposed"], f"{where}: field methods.{name}.num_proposed"),
+                )
+            rec = cls(
+                id=str(_require(d, "id", where)),
+                workload=str(d.get("workload", "unknown")),
+                category=str(d.get("category", "other")),
+                prompt_len=_as_int(_require(d, "prompt_len", where), f"{where}: field prompt_len"),
+                output_len=_as_int(_require(d, "output_len", where), f"{where}: field output_len"),
+                methods=methods,
+                prompt_token_ids=None
+                if d.get("prompt_token_ids") is None
+                else _as_int_array(d["prompt_token_ids"], f"{where}: field prompt_token_ids"),
+                output_token_ids=None
+                if d.get("output_token_ids") is None
+                else _as_int_array(d["output_token_ids"], f"{where}: field output_token_ids"),
+                meta=dict(d.get("meta") or {}),
+            )
+        except TraceError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise TraceError(f"{where}: {exc}") from None
+        rec.validate(where)
+        return rec
+
+
+def _require(d: dict[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise TraceError(f"{where}: field {key}: missing")
+    return d[key]
+
+
+def _as_int(v: Any, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int | np.integer):
+        raise TraceError(f"{where}: expected an integer, got {v!r}")
+    return int(v)
+
+
+def _as_int_array(v: Any, where: str) -> np.ndarray:
+    if not isinstance(v, list | np.ndarray):
+        raise TraceError(f"{where}: expected a list of integers")
+    try:
+        arr = np.asarray(v)
+    except ValueError:
+        raise TraceError(f"{where}: expected a flat list of integers (ragged values found)") from None
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise TraceError(f"{where}: expected a flat list of integers (ragged or non-integer values found)")
+    return arr.astype(np.int32)
+
+
+def dumps_jsonl_line(rec: RequestTrace) -> str:
+    return json.dumps(rec.to_json_dict(), separators=(",", ":"))
