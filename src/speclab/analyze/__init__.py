@@ -1,0 +1,90 @@
+"""Acceptance analysis (`speclab analyze`): statistics from a trace store, oracle gaps against a bench run.
+
+`analyze(...)` returns one JSON-able dict (schema "speclab.analysis/1"); `format_tables(analysis)` prints it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from speclab.analyze.acceptance import acceptance_stats, observed_stats
+from speclab.analyze.oracle import DEFAULT_MAX_REQUESTS, load_cost_model, oracle_gap
+from speclab.analyze.overlap import bleu4_precision, overlap_vs_advantage
+from speclab.analyze.results import read_results
+from speclab.analyze.tables import format_tables
+from speclab.errors import SpeclabError
+from speclab.traces import read_store
+
+SCHEMA = "speclab.analysis/1"
+
+__all__ = [
+    "SCHEMA",
+    "acceptance_stats",
+    "analyze",
+    "bleu4_precision",
+    "format_tables",
+    "observed_stats",
+    "oracle_gap",
+    "overlap_vs_advantage",
+]
+
+
+def analyze(
+    traces: str | Path | None,
+    run: str | Path | None = None,
+    cost_model: str | None = None,
+    batch_sizes: list[int] | None = None,
+    max_requests: int = DEFAULT_MAX_REQUESTS,
+    n_bins: int = 10,
+    seed: int = 42,
+    oracle: bool = True,
+) -> dict[str, Any]:
+    """Full analysis. `traces` defaults to RUN/traces when a run is given."""
+    warnings: list[str] = []
+    run_path = Path(run) if run else None
+    rows = read_results(run_path, warnings) if run_path else None
+    if traces is None and run_path is not None and (run_path / "traces").exists():
+        traces = run_path / "traces"
+    if traces is None:
+        raise SpeclabError("no trace store: give --traces STORE (or a --run that has RUN/traces)")
+    records = read_store(traces)
+    if not records:
+        raise SpeclabError(f"{traces}: trace store is empty")
+    with_methods = [r for r in records if r.methods]
+    if not with_methods:
+        warnings.append(
+            f"{traces}: no record has replayed per-position methods (run `speclab trace` first); "
+            "only engine-observed acceptance is summarised"
+        )
+    out: dict[str, Any] = {
+        "schema": SCHEMA,
+        "generated_by": {"command": " ".join(["speclab", *sys.argv[1:]]) if sys.argv else None},
+        "inputs": {
+            "traces": str(traces),
+            "run": str(run_path) if run_path else None,
+            "n_records": len(records),
+            "n_records_with_methods": len(with_methods),
+            "n_results_rows": None if rows is None else len(rows),
+            "workloads": sorted({r.workload for r in records}),
+        },
+        "acceptance": acceptance_stats(with_methods, n_bins=n_bins),
+        "observed": observed_stats(records),
+        "overlap": overlap_vs_advantage(with_methods),
+        "warnings": warnings,
+    }
+    if not oracle:
+        out["oracle_gap"] = {"status": "skipped", "reason": "disabled (--no-oracle)", "rows": []}
+    elif not with_methods:
+        out["oracle_gap"] = {"status": "skipped", "reason": "no replayed methods in the traces", "rows": []}
+    else:
+        try:
+            model, desc = load_cost_model(cost_model, run_path)
+        except SpeclabError as exc:
+            out["oracle_gap"] = {"status": "skipped", "reason": str(exc), "rows": []}
+        else:
+            out["oracle_gap"] = oracle_gap(
+                with_methods, rows, model, desc, batch_sizes=batch_sizes, max_requests=max_requests, seed=seed
+            )
+    return out
