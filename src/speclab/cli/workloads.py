@@ -1,0 +1,142 @@
+"""`speclab workloads list|show|export`: see exactly which prompts a run uses."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+def _load(name: str, limit: int | None, seed: int, source: str | None) -> list:
+    from speclab.workloads import get_workload, load_workload
+
+    info = get_workload(name)
+    prompts = load_workload(name, limit=limit, seed=seed, source=source)
+    if limit is not None and len(prompts) < limit:
+        click.echo(
+            f"note: {name} yielded {len(prompts)} prompts, fewer than --limit {limit}"
+            + (f" ({info.notes})" if info.notes else ""),
+            err=True,
+        )
+    return prompts
+
+
+_common = [
+    click.option("--limit", type=click.IntRange(min=0), default=None, help="At most this many prompts."),
+    click.option("--seed", type=int, default=0, show_default=True, help="Sampling / generation seed."),
+    click.option(
+        "--source",
+        type=click.Path(exists=True),
+        default=None,
+        help="Local file or directory in the dataset's schema (jsonl/json/parquet/csv, a datasets "
+        "save_to_disk dir, or a hub snapshot dir); for offline-code-edit/-summarization local material.",
+    ),
+]
+
+
+def _with_common(f):  # type: ignore[no-untyped-def]
+    for opt in reversed(_common):
+        f = opt(f)
+    return f
+
+
+@click.group(name="workloads")
+def command() -> None:
+    """List, show and export workloads (study datasets and offline stand-ins)."""
+
+
+@command.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_cmd(as_json: bool) -> None:
+    """List the registered workloads."""
+    from speclab.workloads import list_workloads
+
+    infos = list_workloads()
+    if as_json:
+        click.echo(json.dumps([i.to_dict() for i in infos], indent=2))
+        return
+    w = max(len(i.name) for i in infos)
+    for i in infos:
+        src = f" [{i.hf_id}{' ' + i.hf_config if i.hf_config else ''}]" if i.hf_id else ""
+        click.echo(f"{i.name:<{w}}  {i.kind:<7}  {i.category:<13}  {i.description}{src}")
+        if i.notes:
+            click.echo(f"{'':<{w}}  {'':<7}  {'':<13}  note: {i.notes}")
+
+
+@command.command(name="show")
+@click.argument("name")
+@_with_common
+@click.option("--json", "as_json", is_flag=True, help="Print each prompt as one JSON line.")
+def show_cmd(name: str, limit: int | None, seed: int, source: str | None, as_json: bool) -> None:
+    """Print the prompts of workload NAME (default: the first 5)."""
+    prompts = _load(name, 5 if limit is None else limit, seed, source)
+    for p in prompts:
+        if as_json:
+            click.echo(json.dumps(p.to_dict(), ensure_ascii=False))
+            continue
+        meta = {k: v for k, v in p.meta.items() if k != "truncate"}
+        click.echo(f"=== {p.id}  ({p.category})  {json.dumps(meta, ensure_ascii=False)}")
+        for m in p.messages:
+            click.echo(f"--- {m['role']}:\n{m['content']}")
+        if p.reference is not None:
+            ref = p.reference if len(p.reference) <= 400 else p.reference[:400] + " [...]"
+            click.echo(f"--- reference:\n{ref}")
+        click.echo()
+
+
+@command.command(name="export")
+@click.argument("name")
+@click.option("--out", "out", type=click.Path(dir_okay=False), required=True, help="Output .jsonl file.")
+@_with_common
+@click.option(
+    "--tokenizer",
+    type=click.Path(exists=True),
+    default=None,
+    help="Target model dir (or .gguf file): also write prompt_token_ids from its chat template.",
+)
+@click.option(
+    "--max-prompt-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Truncate longer prompts' bodies to fit (needs --tokenizer); recorded per prompt.",
+)
+def export_cmd(
+    name: str,
+    out: str,
+    limit: int | None,
+    seed: int,
+    source: str | None,
+    tokenizer: str | None,
+    max_prompt_tokens: int | None,
+) -> None:
+    """Write the prompts of workload NAME as JSON lines (one Prompt per line)."""
+    from speclab.atomic import atomic_path
+    from speclab.errors import SpeclabError
+
+    if max_prompt_tokens is not None and tokenizer is None:
+        raise SpeclabError("--max-prompt-tokens needs --tokenizer (truncation is counted in target tokens)")
+    prompts = _load(name, limit, seed, source)
+    tok = None
+    if tokenizer is not None:
+        from speclab.workloads.render import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+    n_trunc = 0
+    with atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for p in prompts:
+            row = p.to_dict()
+            if tok is not None:
+                from speclab.workloads.render import render_prompt
+
+                full, _ = render_prompt(p, tok)
+                ids, truncated = render_prompt(p, tok, max_prompt_tokens)
+                row["prompt_token_ids"] = ids
+                row["prompt_len"] = len(ids)
+                row["truncated"] = truncated
+                row["untruncated_prompt_len"] = len(full)
+                n_trunc += truncated
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    msg = f"wrote {len(prompts)} prompts of {name} to {out}"
+    if tok is not None:
+        msg += f" ({n_trunc} truncated to {max_prompt_tokens} tokens)" if max_prompt_tokens else ""
+    click.echo(msg, err=True)

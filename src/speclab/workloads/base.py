@@ -1,0 +1,87 @@
+"""Workload data types: one prompt, and what the registry knows about a workload."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from speclab.errors import SpeclabError
+
+# Study categories (mirrors speclab.traces.model.CATEGORIES; kept here so importing workloads stays light).
+CATEGORIES: tuple[str, ...] = ("code-editing", "summarization", "math", "chat", "reasoning", "other")
+KINDS: tuple[str, ...] = ("study", "offline")
+
+
+class WorkloadError(SpeclabError):
+    """A workload cannot be built: unknown name, unreachable hub, malformed or empty data."""
+
+
+@dataclass
+class Prompt:
+    id: str  # stable, unique within the workload
+    workload: str
+    category: str  # one of CATEGORIES
+    messages: list[dict]  # chat messages; the target's chat template is applied later (render_prompt)
+    reference: str | None = None  # known answer / reference output if the dataset has one
+    meta: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Prompt:
+        return cls(
+            id=str(d["id"]),
+            workload=str(d["workload"]),
+            category=str(d["category"]),
+            messages=list(d["messages"]),
+            reference=d.get("reference"),
+            meta=dict(d.get("meta") or {}),
+        )
+
+    @property
+    def text(self) -> str:
+        """All message contents joined (for overlap statistics and display)."""
+        return "\n\n".join(str(m.get("content", "")) for m in self.messages)
+
+
+@dataclass(frozen=True)
+class WorkloadInfo:
+    name: str
+    category: str
+    kind: str  # "study" | "offline"
+    description: str
+    hf_id: str | None = None
+    hf_config: str | None = None
+    split: str | None = None
+    notes: str = ""  # caveats: gated, small, ...
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def content_id(workload: str, messages: list[dict], extra: str = "") -> str:
+    """A stable id from the prompt content (same content -> same id on every machine and run)."""
+    blob = json.dumps(messages, sort_keys=True, ensure_ascii=False) + extra
+    return f"{workload}-{hashlib.sha1(blob.encode('utf-8')).hexdigest()[:12]}"
+
+
+def user(content: str) -> dict[str, str]:
+    return {"role": "user", "content": content}
+
+
+def assistant(content: str) -> dict[str, str]:
+    return {"role": "assistant", "content": content}
+
+
+def dedupe(prompts: list[Prompt]) -> list[Prompt]:
+    """Drop prompts whose id (content) was already seen, keeping the first."""
+    seen: set[str] = set()
+    out = []
+    for p in prompts:
+        if p.id not in seen:
+            seen.add(p.id)
+            out.append(p)
+    return out
