@@ -1,0 +1,40 @@
+"""`speclab report`: the self-contained HTML report (embedded PNGs) plus the PNGs."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command(name="report")
+@click.option("--run", "run", type=click.Path(exists=True, file_okay=False), help="Bench run directory.")
+@click.option("--traces", "traces", type=click.Path(exists=True), help="Trace store (default: RUN/traces).")
+@click.option(
+    "--analysis",
+    "analysis",
+    type=click.Path(exists=True, dir_okay=False),
+    help="analysis.json from `speclab analyze` (default: computed here from the traces).",
+)
+@click.option(
+    "--cost-model", default=None, help="Named cost model for the oracle bounds (default: RUN/timings.csv)."
+)
+@click.option("--title", default=None, help="Report title.")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Output directory.")
+def command(
+    run: str | None,
+    traces: str | None,
+    analysis: str | None,
+    cost_model: str | None,
+    title: str | None,
+    out: str,
+) -> None:
+    """Write OUT/report.html (one self-contained file, figures embedded) and OUT/*.png.
+
+    Sections: summary (does SD help, best method per workload and batch size), speedup vs batch with the
+    oracle bounds next to the results table, recommendations (incl. where SD should be off), time split,
+    memory, acceptance histograms and position curves, overlap vs n-gram advantage, oracle gap, and the
+    commands and configuration behind the data. Missing inputs get a labelled section.
+    """
+    from speclab.report import build_report
+
+    path = build_report(out, run=run, traces=traces, analysis=analysis, title=title, cost_model=cost_model)
+    click.echo(f"report written to {path}")
