@@ -2,8 +2,8 @@
 with an instruction to apply one concrete edit, so the answer repeats most of the prompt.
 
 Edits: rename the function, rename a parameter, rename a local variable, change a numeric constant (these
-four have an exact reference answer), add a docstring, add type hints. The prompt layout mirrors the study's
-InstructCoder prompt: the code first, then the instruction.
+four have an exact reference answer), add a docstring, add type hints. The prompt layout is the one used for
+InstructCoder (vLLM's benchmark loader): the code first, then the instruction, then "Just output the code".
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import textwrap
 import tokenize
 from pathlib import Path
 
+from speclab.workloads import formats
 from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, content_id, dedupe, user
 from speclab.workloads.offline._common import python_files, stdlib_dir, target_size
 from speclab.workloads.registry import register_workload
@@ -23,7 +24,6 @@ from speclab.workloads.registry import register_workload
 NAME = "offline-code-edit"
 MIN_LINES, MAX_LINES, MAX_CHARS = 8, 40, 2000
 PER_FILE = 2  # functions taken per source file at most, for variety
-_SUFFIX = "Output the complete updated function in one Python code block, with no explanation."
 
 
 def _candidates(path: Path) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef, str]]:
@@ -234,7 +234,7 @@ def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
                 continue
             kind, instruction, ref = edit
             code = f"```python\n{src.rstrip()}\n```"
-            content = f"{code}\n\n{instruction} {_SUFFIX}"
+            content, (b0, b1) = formats.code_edit(code, instruction)
             messages = [user(content)]
             pid = content_id(NAME, messages)
             if pid in seen:
@@ -254,7 +254,7 @@ def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
                         "source_file": rel,
                         "function": qual,
                         "function_lines": src.count("\n") + 1,
-                        "truncate": {"message": 0, "start": 0, "end": len(code)},
+                        "truncate": {"message": 0, "start": b0, "end": b1},
                     },
                 )
             )

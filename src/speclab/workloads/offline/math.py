@@ -8,12 +8,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from speclab.workloads import formats
 from speclab.workloads.base import Prompt, WorkloadInfo, content_id, user
 from speclab.workloads.offline._common import target_size
 from speclab.workloads.registry import register_workload
 
 NAME = "offline-math"
-INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 NAMES = [
     "Ava", "Ben", "Chloe", "Diego", "Emma", "Farah", "Gus", "Hana", "Ivan", "Julia", "Kofi", "Lena",
@@ -174,7 +174,8 @@ def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
         attempts += 1
         tmpl = TEMPLATES[len(prompts) % len(TEMPLATES)]  # round-robin keeps the mix even at any limit
         question, answer = tmpl(rng)
-        messages = [user(f"{question}\n{INSTRUCTION}")]
+        content, _ = formats.math(question)
+        messages = [user(content)]
         pid = content_id(NAME, messages)
         if pid in seen:
             continue
