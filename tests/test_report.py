@@ -1,0 +1,104 @@
+import base64
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from speclab.analyze import analyze
+from speclab.analyze.synthetic import synthetic_results, write_synthetic_run
+from speclab.errors import SpeclabError
+from speclab.report import build_report
+from speclab.report.recommend import headline, recommendations
+from test_analyze import fake_simulator  # tests/ is on sys.path (pytest prepend mode)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def embedded_pngs(html: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)]
+
+
+def test_recommendations_measured_off_and_simulated():
+    rows = synthetic_results()
+    gap = {
+        "rows": [
+            {
+                "workload": "synthetic-code",
+                "batching": "replicate",
+                "batch_size": 128,
+                "simulated": {"none": 1.0, "oracle:ngram": 1.5, "fixed:ngram:3": 0.8, "fixed:eagle:3": 0.7},
+            },
+            {
+                "workload": "synthetic-code",
+                "batching": "replicate",
+                "batch_size": 1,
+                "simulated": {"fixed:eagle:3": 9.0},
+            },  # measured exists: ignored
+        ]
+    }
+    recs = {(r["workload"], r["batch_size"]): r for r in recommendations(rows, gap)}
+    assert recs[("synthetic-code", 1)]["recommend"] == "ngram@k3"
+    assert recs[("synthetic-code", 1)]["source"] == "measured"
+    assert recs[("synthetic-chat", 1)]["recommend"] == "eagle@k3"
+    assert recs[("synthetic-chat", 32)]["recommend"] == "SD off"  # every SD cell < 1
+    sim = recs[("synthetic-code", 128)]
+    # oracle ignored (a bound); best fixed 0.8 < 1 -> off, from the simulator
+    assert (sim["recommend"], sim["source"], sim["best_method"]) == ("SD off", "simulated", "ngram@k3")
+    # the failed bs64 cell does not produce a recommendation
+    assert ("synthetic-chat", 64) not in recs
+    assert any("should be off in" in line for line in headline(list(recs.values())))
+
+
+def test_report_full_inputs(tmp_path, monkeypatch):
+    fake_simulator(monkeypatch)
+    run = write_synthetic_run(tmp_path / "run", n_per_workload=6)
+    out = tmp_path / "rep"
+    path = build_report(out, run=run, title="SYNTHETIC test data", cost_model=None)
+    html = path.read_text()
+    assert "SYNTHETIC test data" in html
+    pngs = embedded_pngs(html)
+    files = sorted(p.name for p in out.glob("*.png"))
+    assert len(pngs) == len(files) == 7
+    assert all(p.startswith(PNG_MAGIC) for p in pngs)
+    # self-contained: no external references
+    assert not re.search(r'(src|href)="(https?:|file:|/)', html)
+    for section in (
+        "Summary",
+        "Results table",
+        "Recommendation",
+        "Time split",
+        "Memory",
+        "Acceptance",
+        "Oracle gap",
+        "Inputs, commands",
+    ):
+        assert section in html
+    # the numbers a reader checks the plot against are in the table
+    assert ">2.10<" in html and "SD off" in html
+    # the synthetic run's command file is shown
+    assert "SYNTHETIC: written by" in html
+
+
+def test_report_analysis_only_labels_missing_run(tmp_path):
+    run = write_synthetic_run(tmp_path / "run", n_per_workload=4)
+    a = analyze(run / "traces", oracle=False)
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    path = build_report(tmp_path / "rep", analysis=tmp_path / "a.json", title="SYNTHETIC")
+    html = path.read_text()
+    assert "No bench run" in html
+    assert "Missing input" in html
+    assert len(embedded_pngs(html)) == 4  # acceptance hist, position, spread, overlap
+
+
+def test_report_cli_and_nothing_to_report(tmp_path):
+    with pytest.raises(SpeclabError, match="nothing to report"):
+        build_report(tmp_path / "x")
+    run = write_synthetic_run(tmp_path / "run", n_per_workload=4)
+    from speclab.cli.report import command
+
+    res = CliRunner().invoke(
+        command, ["--run", str(run), "--out", str(tmp_path / "rep"), "--title", "SYNTHETIC"]
+    )
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "rep" / "report.html").exists()
