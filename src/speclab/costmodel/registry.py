@@ -1,0 +1,37 @@
+"""Cost models by name (presets shipped as TOML data files) or by path to a TOML file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from speclab.costmodel.model import CostModel
+from speclab.errors import ConfigError
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "presets" / "cost_models"
+
+
+def list_cost_models() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
+
+
+def preset_path(name: str) -> Path:
+    return PRESET_DIR / f"{name}.toml"
+
+
+def get_cost_model(name_or_path: str | Path | CostModel) -> CostModel:
+    """A preset name (see list_cost_models) or a path to a cost-model TOML file."""
+    if isinstance(name_or_path, CostModel):
+        return name_or_path
+    s = str(name_or_path)
+    p = Path(s)
+    if s in list_cost_models():
+        p = preset_path(s)
+    elif not (p.suffix == ".toml" or p.exists() or "/" in s):
+        raise ConfigError(
+            f"unknown cost model {s!r} (presets: {', '.join(list_cost_models())}; or a .toml path)"
+        )
+    if not p.is_file():
+        raise ConfigError(f"cost model file {s}: not found")
+    model = CostModel.from_toml(p.read_text(), str(p))
+    model.path = str(p)
+    return model

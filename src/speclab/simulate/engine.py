@@ -1,0 +1,363 @@
+"""The fast, vectorised simulator.
+
+Two phases, both vectorised with numpy across requests:
+
+1. Step table (per policy): every request's sequence of SD steps -- position, method, drafts proposed k,
+   tokens produced -- advancing all requests together one step index at a time (loop over the step index,
+   never over requests). A request's steps do not depend on the other requests in its batch: a policy
+   decides per request from that request's own trace/history (see policies.py), and produced =
+   min(acc_len[pos], k + 1) needs nothing else.
+2. Timing (per batching mode and batch size): assign every request step to a global engine step (its batch's
+   or slot's start + 1 + step index; the start step is the request's prefill), then sum per global step with
+   bincount: kv tokens, verified tokens, drafting terms (max/any via maximum.at), overheads. Request
+   latencies are differences of the cumulative step-time sum.
+
+Memory is O(total trace positions): the step table has at most one row per output position.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from speclab.costmodel.model import CostModel
+from speclab.errors import ConfigError, TraceError
+from speclab.simulate.policies import Policy, PolicyContext, StepOutcome, StepView
+from speclab.traces.model import RequestTrace
+
+BATCHING_MODES = ("replicate", "static", "continuous")
+
+
+@dataclass
+class TraceArrays:
+    """Traces flattened for the simulator: per request lengths, and per method one flat array over all
+    output positions (request i's positions are off[i] .. off[i+1]-1)."""
+
+    ids: list[str]
+    workloads: list[str]
+    prompt_len: np.ndarray
+    out_len: np.ndarray
+    off: np.ndarray
+    acc: dict[str, np.ndarray]
+    nprop: dict[str, np.ndarray | None]
+    k_max: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    @property
+    def total_positions(self) -> int:
+        return int(self.off[-1])
+
+
+def prepare(traces: list[RequestTrace], methods: set[str]) -> TraceArrays:
+    notes: list[str] = []
+    kept = [t for t in traces if t.output_len > 0]
+    if len(kept) < len(traces):
+        notes.append(f"skipped {len(traces) - len(kept)} request(s) with no output tokens")
+    if not kept:
+        raise TraceError("no requests with output tokens to simulate")
+    out_len = np.array([t.output_len for t in kept], dtype=np.int64)
+    off = np.zeros(len(kept) + 1, dtype=np.int64)
+    np.cumsum(out_len, out=off[1:])
+    acc: dict[str, np.ndarray] = {}
+    nprop: dict[str, np.ndarray | None] = {}
+    k_max: dict[str, int] = {}
+    for m in sorted(methods):
+        missing = [t.id for t in kept if m not in t.methods]
+        if missing:
+            raise TraceError(
+                f"request {missing[0]!r} (and {len(missing) - 1} more) has no trace for method {m!r}"
+                if len(missing) > 1
+                else f"request {missing[0]!r} has no trace for method {m!r}"
+            )
+        acc[m] = np.concatenate([t.methods[m].acc_len for t in kept]).astype(np.int64)
+        k_max[m] = min(int(t.methods[m].k_max) for t in kept)
+        if all(t.methods[m].num_proposed is not None for t in kept):
+            nprop[m] = np.concatenate([t.methods[m].num_proposed for t in kept]).astype(np.int64)
+        else:
+            nprop[m] = None
+            if any(t.methods[m].num_proposed is not None for t in kept):
+                notes.append(
+                    f"{m}: proposal counts recorded for only some requests; treated as unknown for all"
+                )
+    return TraceArrays(
+        ids=[t.id for t in kept],
+        workloads=[t.workload for t in kept],
+        prompt_len=np.array([t.prompt_len for t in kept], dtype=np.int64),
+        out_len=out_len,
+        off=off,
+        acc=acc,
+        nprop=nprop,
+        k_max=k_max,
+        notes=notes,
+    )
+
+
+@dataclass
+class StepTable:
+    """One row per request step (SD step after prefill), in step-index-major order."""
+
+    req: np.ndarray
+    t: np.ndarray  # step index within the request (0 = first step after prefill)
+    pos: np.ndarray  # output position at the start of the step (>= 1)
+    meth: np.ndarray  # index into policy.methods, -1 = none
+    k: np.ndarray  # drafts proposed (before the miss heuristic)
+    acc: np.ndarray  # acc_len of the chosen method at pos (1 for none)
+    produced: np.ndarray  # tokens produced, capped at the tokens the request still has to produce
+    switched: np.ndarray  # bool: method differs from the request's previous step
+    cand: np.ndarray  # bool: the n-gram miss heuristic may turn this proposal into a miss
+    n_steps: np.ndarray  # per request
+
+
+def check_decision(policy: Policy, ta: TraceArrays, meth: np.ndarray, k: np.ndarray, n: int) -> None:
+    if meth.shape != (n,) or k.shape != (n,):
+        raise ConfigError(f"policy {policy.spec}: decide() must return two arrays of length {n}")
+    if n == 0:
+        return
+    if k.min() < 0:
+        raise ConfigError(f"policy {policy.spec}: proposed a negative number of drafts")
+    if meth.min() < -1 or meth.max() >= len(policy.methods):
+        raise ConfigError(f"policy {policy.spec}: method index out of range")
+    for j, m in enumerate(policy.methods):
+        sel = meth == j
+        if sel.any() and k[sel].max() > ta.k_max[m]:
+            raise ConfigError(
+                f"policy {policy.spec}: proposes k={int(k[sel].max())} drafts with {m}, more than the traces "
+                f"record (k_max={ta.k_max[m]}); the trace cannot tell what would be accepted"
+            )
+    if (k[meth < 0] > 0).any():
+        raise ConfigError(f"policy {policy.spec}: proposes drafts without a method")
+
+
+def heuristic_flags(
+    policy: Policy, ta: TraceArrays, meth: np.ndarray, k: np.ndarray, a: np.ndarray, on: bool
+):
+    """Where the study's miss heuristic applies: n-gram proposals of a non-oracle policy where the trace has no
+    proposal counts and acc_len is 1 (a lookup that found nothing and one that was fully rejected look the same)."""
+    if (
+        not on
+        or not policy.heuristic_ok
+        or "ngram" not in policy.methods
+        or ta.nprop.get("ngram") is not None
+    ):
+        return np.zeros(len(meth), dtype=bool)
+    j = policy.methods.index("ngram")
+    return (meth == j) & (a == 1) & (k > 0)
+
+
+def run_steps(ta: TraceArrays, policy: Policy, batch_size: int, heuristic: bool) -> StepTable:
+    policy.begin(PolicyContext(num_requests=ta.n, batch_size=batch_size, k_max=dict(ta.k_max)))
+    n = ta.n
+    pos = np.ones(n, dtype=np.int64)
+    n_steps = np.zeros(n, dtype=np.int64)
+    prev = np.full(n, -2, dtype=np.int64)
+    active = np.flatnonzero(ta.out_len > 1)
+    stack = np.stack([ta.acc[m] for m in policy.methods]) if policy.methods else None
+    cols: dict[str, list[np.ndarray]] = {
+        c: [] for c in ("req", "t", "pos", "meth", "k", "acc", "prod", "sw", "cand")
+    }
+    while active.size:
+        p = pos[active]
+        fi = ta.off[active] + p
+        nprop = {m: (None if ta.nprop[m] is None else ta.nprop[m][fi]) for m in policy.methods}
+        oracle = {m: ta.acc[m][fi] for m in policy.methods} if policy.oracle else None
+        view = StepView(active, p, n_steps[active], nprop, oracle)
+        meth, k = policy.decide(view)
+        meth = np.asarray(meth, dtype=np.int64)
+        k = np.asarray(k, dtype=np.int64)
+        check_decision(policy, ta, meth, k, len(active))
+        if stack is not None:
+            a = np.where(meth >= 0, stack[np.maximum(meth, 0), fi], 1)
+        else:
+            a = np.ones(len(active), dtype=np.int64)
+        prod_raw = np.minimum(a, k + 1)
+        prod = np.minimum(prod_raw, ta.out_len[active] - p)
+        pv = prev[active]
+        cols["req"].append(active)
+        cols["t"].append(n_steps[active])
+        cols["pos"].append(p)
+        cols["meth"].append(meth)
+        cols["k"].append(k)
+        cols["acc"].append(a)
+        cols["prod"].append(prod)
+        cols["sw"].append((pv != -2) & (pv != meth))
+        cols["cand"].append(heuristic_flags(policy, ta, meth, k, a, heuristic))
+        policy.observe(StepOutcome(req=active, method=meth, k=k, accepted=prod_raw - 1))
+        prev[active] = meth
+        pos[active] = p + prod
+        n_steps[active] += 1
+        active = active[pos[active] < ta.out_len[active]]
+
+    def cat(c: str, dtype=np.int64) -> np.ndarray:
+        return np.concatenate(cols[c]).astype(dtype) if cols[c] else np.zeros(0, dtype=dtype)
+
+    return StepTable(
+        req=cat("req"),
+        t=cat("t"),
+        pos=cat("pos"),
+        meth=cat("meth"),
+        k=cat("k"),
+        acc=cat("acc"),
+        produced=cat("prod"),
+        switched=cat("sw", bool),
+        cand=cat("cand", bool),
+        n_steps=n_steps,
+    )
+
+
+def baseline_steps(ta: TraceArrays) -> StepTable:
+    """`none` without the loop: output_len - 1 decode steps of one token each."""
+    n_steps = np.maximum(ta.out_len - 1, 0)
+    req = np.repeat(np.arange(ta.n), n_steps)
+    start = np.repeat(np.cumsum(n_steps) - n_steps, n_steps)
+    t = np.arange(len(req)) - start
+    one = np.ones(len(req), dtype=np.int64)
+    return StepTable(
+        req=req,
+        t=t,
+        pos=t + 1,
+        meth=-one,
+        k=0 * one,
+        acc=one,
+        produced=one,
+        switched=np.zeros(len(req), bool),
+        cand=np.zeros(len(req), bool),
+        n_steps=n_steps,
+    )
+
+
+def miss_draws(ta: TraceArrays, match_p: np.ndarray, batching: str, batch_size: int, seed: int) -> np.ndarray:
+    """The study's n-gram miss heuristic, drawn once per (request, output position): how many of the
+    request's copies find an n-gram match there (replicate: Binomial(B, match_p) copies; otherwise 0/1).
+    Each position is visited at most once per request, so this equals drawing at each step; drawing per
+    position lets every policy and the reference loop see the same draws (common random numbers)."""
+    rng = np.random.default_rng([seed, batch_size, BATCHING_MODES.index(batching)])
+    p = np.repeat(match_p, ta.out_len)
+    if batching == "replicate":
+        return rng.binomial(batch_size, p).astype(np.int64)
+    return (rng.random(len(p)) < p).astype(np.int64)
+
+
+@dataclass
+class Schedule:
+    start: np.ndarray  # per request: global step of its prefill
+    batch: np.ndarray  # per request: batch id (study aggregation); continuous = 0
+    num_steps: int  # global engine steps
+
+
+def schedule(n_steps: np.ndarray, batching: str, batch_size: int) -> Schedule:
+    n = len(n_steps)
+    if batching == "replicate":
+        length = n_steps + 1
+        start = np.cumsum(length) - length
+        return Schedule(start=start, batch=np.arange(n), num_steps=int(length.sum()))
+    if batching == "static":
+        batch = np.arange(n) // batch_size
+        nb = int(batch[-1]) + 1 if n else 0
+        blen = np.zeros(nb, dtype=np.int64)
+        np.maximum.at(blen, batch, n_steps + 1)
+        bstart = np.cumsum(blen) - blen
+        return Schedule(start=bstart[batch], batch=batch, num_steps=int(blen.sum()))
+    if batching == "continuous":
+        # B slots; a request occupies its slot from its prefill step through its last SD step; the slot
+        # takes the next request (in order) at the following step, as vLLM's scheduler admits on free slots.
+        start = np.zeros(n, dtype=np.int64)
+        free = [0] * min(batch_size, n)
+        heapq.heapify(free)
+        for i, ns in enumerate(n_steps.tolist()):
+            g = heapq.heappop(free)
+            start[i] = g
+            heapq.heappush(free, g + ns + 1)
+        return Schedule(
+            start=start, batch=np.zeros(n, dtype=np.int64), num_steps=int(max(free) if free else 0)
+        )
+    raise ConfigError(f"unknown batching {batching!r} (use {', '.join(BATCHING_MODES)})")
+
+
+@dataclass
+class Timing:
+    latency: np.ndarray  # per request (prefill step through its last step)
+    batch: np.ndarray
+    tokens: np.ndarray  # per request, all copies
+    verify_s: float
+    propose_s: float
+    overhead_s: float
+    total_s: float
+    steps: int
+    produced: int  # tokens produced by SD steps (all copies)
+    request_steps: int  # SD steps summed over requests (all copies)
+    rejected: int
+
+
+def step_costs(
+    st: StepTable,
+    policy: Policy,
+    ta: TraceArrays,
+    cm: CostModel,
+    batching: str,
+    batch_size: int,
+    draws: np.ndarray | None,
+    switch_overhead: float,
+) -> Timing:
+    c = batch_size if batching == "replicate" else 1
+    sch = schedule(st.n_steps, batching, batch_size)
+    G = sch.num_steps
+    keys = sch.start[st.req] + 1 + st.t
+    # verify tokens and draft sizes across the request's copies (the miss heuristic can split copies)
+    if draws is not None and st.cand.any():
+        mc = np.where(st.cand, draws[ta.off[st.req] + st.pos], c)
+    else:
+        mc = np.full(len(st.req), c, dtype=np.int64)
+    vtok = (c - mc) + mc * (st.k + 1)
+    spec_max = np.where(mc > 0, st.k, 0)
+    spec_sum = st.k * mc
+    kv = np.bincount(keys, weights=c * (ta.prompt_len[st.req] + st.pos - 1), minlength=G)
+    vt = np.bincount(keys, weights=vtok, minlength=G) + np.bincount(
+        sch.start, weights=c * ta.prompt_len, minlength=G
+    )
+    verify = cm.target_time(kv, vt)
+    draft = np.zeros(G)
+    if policy.methods:
+        charge = np.array([policy.charge_as or m for m in policy.methods])
+        for name in sorted(set(charge.tolist())):
+            cost = cm.draft_for(name)
+            sel = np.isin(st.meth, np.flatnonzero(charge == name))
+            ks, sm = keys[sel], spec_max[sel]
+            if cost.form == "verify_fraction":
+                anyd = np.bincount(ks[sm > 0], minlength=G) > 0
+                draft += np.where(anyd, cost.fraction * verify, 0.0)
+                continue
+            mx = np.zeros(G, dtype=np.int64)
+            np.maximum.at(mx, ks, sm)
+            if cost.form == "linear":
+                used = np.bincount(ks, minlength=G) > 0
+                draft += np.where(used, cost.kv * kv + cost.num_spec * mx + cost.const, 0.0)
+            else:  # chained
+                draft += mx * (cost.kv * kv + cost.const) + cost.num_spec * np.bincount(
+                    ks, weights=spec_sum[sel], minlength=G
+                )
+    overhead = np.full(G, cm.overhead_per_step)
+    if switch_overhead and st.switched.any():
+        overhead += switch_overhead * (np.bincount(keys[st.switched], minlength=G) > 0)
+    step_t = verify + draft + overhead
+    cum = np.cumsum(step_t)
+    end = sch.start + st.n_steps
+    latency = cum[end] - cum[sch.start] + step_t[sch.start]
+    return Timing(
+        latency=latency,
+        batch=sch.batch,
+        tokens=c * ta.out_len,
+        verify_s=float(verify.sum()),
+        propose_s=float(draft.sum()),
+        overhead_s=float(overhead.sum()),
+        total_s=float(step_t.sum()),
+        steps=G,
+        produced=int(c * st.produced.sum()),
+        request_steps=int(c * len(st.req)),
+        rejected=int(vtok.sum() - c * st.produced.sum()),
+    )

@@ -1,0 +1,283 @@
+"""Speculation policies: what each running request proposes at each step.
+
+A policy decides, for every running request at a step, which method proposes (an index into
+`policy.methods`, -1 = no speculation) and how many draft tokens it proposes (k >= 0; the step then verifies
+k + 1 tokens). The simulator then applies the trace: produced = min(acc_len[pos], k + 1).
+
+Two kinds:
+- oracle policies (`oracle:M`, `oracle-combine:M1,M2`) may read the trace at the current position through
+  `StepView.oracle_acc` -- that is what makes them oracles (upper bounds);
+- online policies see only what an engine could observe: the current position, the proposer's offer size
+  where the trace recorded it (`num_proposed`, known before verification), static configuration (batch
+  size, k_max), and after each step its outcome (`observe`). `StepView.oracle_acc` raises for them, and
+  tests perturb future trace positions to show their decisions do not change.
+
+Contract for online policies: keep state per request (arrays indexed by request index); `decide` and
+`observe` are called with arrays of request indices in an unspecified interleaving across requests (the
+fast engine and the reference loop order calls differently), so a request's decisions may depend only on
+its own history and static configuration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from speclab.errors import ConfigError
+from speclab.traces.model import check_method_name
+
+
+@dataclass
+class PolicyContext:
+    num_requests: int
+    batch_size: int
+    k_max: dict[str, int]  # per method, the smallest k_max over the traces
+
+
+class StepView:
+    """What a policy sees at one step for a set of running requests."""
+
+    def __init__(
+        self,
+        req: np.ndarray,
+        pos: np.ndarray,
+        step: np.ndarray,
+        nprop: dict[str, np.ndarray | None],
+        acc: dict[str, np.ndarray] | None,
+    ) -> None:
+        self.req = req  # request indices
+        self.pos = pos  # current output position of each (the first token this step would produce)
+        self.step = step  # how many SD steps each request has done so far
+        self._nprop = nprop
+        self._acc = acc
+
+    def __len__(self) -> int:
+        return len(self.req)
+
+    def num_proposed(self, method: str) -> np.ndarray | None:
+        """Draft tokens the proposer can offer at the current position (recorded traces), else None.
+        Observable: an engine knows this before verifying."""
+        return self._nprop.get(method)
+
+    def oracle_acc(self, method: str) -> np.ndarray:
+        """acc_len at the current position: the FUTURE. Only oracle policies get it."""
+        if self._acc is None:
+            raise PermissionError("online policies cannot read acc_len (it is what verification will reveal)")
+        return self._acc[method]
+
+
+@dataclass
+class StepOutcome:
+    req: np.ndarray
+    method: np.ndarray  # index into policy.methods, -1 = none
+    k: np.ndarray  # drafts proposed
+    accepted: np.ndarray  # drafts accepted (0..k)
+
+
+@dataclass
+class Policy:
+    spec: str
+    methods: tuple[str, ...] = ()
+    oracle: bool = False
+    # Charge drafting as this method instead of the chosen one (the study's combine charges n-gram).
+    charge_as: str | None = None
+    # Apply the n-gram miss heuristic to this policy's n-gram proposals (never for oracles).
+    heuristic_ok: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def begin(self, ctx: PolicyContext) -> None:
+        self.ctx = ctx
+
+    def decide(self, view: StepView) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def observe(self, outcome: StepOutcome) -> None:
+        pass
+
+
+class NoSpec(Policy):
+    def decide(self, view: StepView) -> tuple[np.ndarray, np.ndarray]:
+        n = len(view)
+        return np.full(n, -1, np.int64), np.zeros(n, np.int64)
+
+
+class Fixed(Policy):
+    def decide(self, view: StepView) -> tuple[np.ndarray, np.ndarray]:
+        k = np.full(len(view), self.extra["k"], np.int64)
+        npr = view.num_proposed(self.methods[0])
+        if npr is not None:
+            k = np.minimum(k, npr)
+        return np.zeros(len(view), np.int64), k
+
+
+class Oracle(Policy):
+    def decide(self, view: StepView) -> tuple[np.ndarray, np.ndarray]:
+        acc = view.oracle_acc(self.methods[0])
+        return np.zeros(len(view), np.int64), acc.astype(np.int64) - 1
+
+
+class OracleCombine(Policy):
+    def decide(self, view: StepView) -> tuple[np.ndarray, np.ndarray]:
+        accs = np.stack([view.oracle_acc(m) for m in self.methods])
+        # ties go to the first listed method (list the cheaper proposer first)
+        best = accs.argmax(axis=0)
+        return best.astype(np.int64), accs.max(axis=0).astype(np.int64) - 1
+
+
+class AdaptiveK(Policy):
+    """Online adaptive proposal length: k = clip(floor(ema) + 1, 1, kmax), where ema is an exponential moving
+    average (weight alpha on the newest step) of the request's accepted drafts; starts at k = kstart.
+    A step that accepts everything pushes k up by about one; rejections pull it down."""
+
+    def begin(self, ctx: PolicyContext) -> None:
+        super().begin(ctx)
+        self.ema = np.full(ctx.num_requests, float(self.extra["kstart"] - 1))
+
+    def decide(self, view: StepView) -> tuple[np.ndarray, np.ndarray]:
+        k = np.clip(np.floor(self.ema[view.req]).astype(np.int64) + 1, 1, self.extra["kmax"])
+        npr = view.num_proposed(self.methods[0])
+        if npr is not None:
+            k = np.minimum(k, npr)
+        return np.zeros(len(view), np.int64), k
+
+    def observe(self, outcome: StepOutcome) -> None:
+        a = self.extra["alpha"]
+        self.ema[outcome.req] = a * outcome.accepted + (1 - a) * self.ema[outcome.req]
+
+
+# --- registry -------------------------------------------------------------------------------------------
+@dataclass
+class PolicyInfo:
+    name: str
+    syntax: str
+    description: str
+    factory: Callable[[str, list[str], dict], Policy]
+
+
+_REGISTRY: dict[str, PolicyInfo] = {}
+
+
+def register_policy(
+    name: str, syntax: str, description: str, factory: Callable[[str, list[str], dict], Policy]
+):
+    """Register a policy family. factory(spec, args_after_name, opts) -> Policy (a fresh, stateless object)."""
+    _REGISTRY[name] = PolicyInfo(name, syntax, description, factory)
+
+
+def list_policies() -> list[PolicyInfo]:
+    return list(_REGISTRY.values())
+
+
+def _int(s: str, what: str, spec: str, lo: int = 0) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise ConfigError(f"policy {spec!r}: {what} must be an integer, got {s!r}") from None
+    if v < lo:
+        raise ConfigError(f"policy {spec!r}: {what} must be >= {lo}")
+    return v
+
+
+def _method(s: str, spec: str) -> str:
+    try:
+        return check_method_name(s)
+    except Exception as exc:
+        raise ConfigError(f"policy {spec!r}: {exc}") from None
+
+
+def _need(args: list[str], lo: int, hi: int, spec: str, syntax: str) -> None:
+    if not lo <= len(args) <= hi:
+        raise ConfigError(f"policy {spec!r}: expected {syntax}")
+
+
+def _none(spec: str, args: list[str], opts: dict) -> Policy:
+    _need(args, 0, 0, spec, "none")
+    return NoSpec(spec="none", heuristic_ok=False)
+
+
+def _fixed(spec: str, args: list[str], opts: dict) -> Policy:
+    _need(args, 2, 2, spec, "fixed:METHOD:K")
+    m, k = _method(args[0], spec), _int(args[1], "K", spec, 1)
+    return Fixed(spec=f"fixed:{m}:{k}", methods=(m,), extra={"k": k})
+
+
+def _oracle(spec: str, args: list[str], opts: dict) -> Policy:
+    _need(args, 1, 1, spec, "oracle:METHOD")
+    m = _method(args[0], spec)
+    return Oracle(spec=f"oracle:{m}", methods=(m,), oracle=True, heuristic_ok=False)
+
+
+def _combine(spec: str, args: list[str], opts: dict) -> Policy:
+    _need(args, 1, 1, spec, "oracle-combine:M1,M2[,...]")
+    ms = tuple(_method(x.strip(), spec) for x in args[0].split(","))
+    if len(ms) < 2 or len(set(ms)) != len(ms):
+        raise ConfigError(f"policy {spec!r}: needs two or more distinct methods")
+    charge = opts.get("combine_draft", "chosen")
+    if charge not in ("chosen", "ngram"):
+        raise ConfigError(f"combine drafting charge {charge!r}: use chosen or ngram")
+    return OracleCombine(
+        spec=f"oracle-combine:{','.join(ms)}",
+        methods=ms,
+        oracle=True,
+        heuristic_ok=False,
+        charge_as="ngram" if charge == "ngram" else None,
+    )
+
+
+def _adaptive(spec: str, args: list[str], opts: dict) -> Policy:
+    _need(args, 1, 3, spec, "adaptive-k:METHOD[:KMAX[:KSTART]]")
+    m = _method(args[0], spec)
+    kmax = _int(args[1], "KMAX", spec, 1) if len(args) > 1 else 8
+    kstart = _int(args[2], "KSTART", spec, 1) if len(args) > 2 else min(3, kmax)
+    canon = (
+        f"adaptive-k:{m}" + (f":{kmax}" if len(args) > 1 else "") + (f":{kstart}" if len(args) > 2 else "")
+    )
+    return AdaptiveK(spec=canon, methods=(m,), extra={"kmax": kmax, "kstart": kstart, "alpha": 0.5})
+
+
+register_policy("none", "none", "no speculative decoding (the baseline)", _none)
+register_policy(
+    "fixed", "fixed:METHOD:K", "always propose K drafts with METHOD (capped by recorded offers)", _fixed
+)
+register_policy(
+    "oracle", "oracle:METHOD", "propose exactly what METHOD would get accepted (upper bound)", _oracle
+)
+register_policy(
+    "oracle-combine",
+    "oracle-combine:M1,M2[,...]",
+    "per position the method with the longest acceptance, oracle length (upper bound)",
+    _combine,
+)
+register_policy(
+    "adaptive-k",
+    "adaptive-k:METHOD[:KMAX[:KSTART]]",
+    "online: k from an EMA of the request's own accepted drafts (default KMAX 8, KSTART 3)",
+    _adaptive,
+)
+
+
+def make_policy(spec: str, **opts) -> Policy:
+    """Parse a policy string into a fresh Policy object."""
+    spec = spec.strip()
+    name, *rest = spec.split(":")
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown policy {spec!r} (known: {', '.join(_REGISTRY)}; see --list-policies)")
+    # method names may themselves contain ':' (custom:<name>): rejoin them
+    args = _rejoin_custom(rest)
+    return _REGISTRY[name].factory(spec, args, opts)
+
+
+def _rejoin_custom(parts: list[str]) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(parts):
+        p = parts[i]
+        if (p == "custom" or p.endswith(",custom")) and i + 1 < len(parts):
+            out.append(p + ":" + parts[i + 1])
+            i += 2
+        else:
+            out.append(p)
+            i += 1
+    return out

@@ -1,0 +1,172 @@
+"""The reference simulator: a plain per-step Python loop over engine steps and running requests, applying
+the same rules as the vectorised engine (engine.py) one step at a time, the way the study's simulator does.
+It exists to check the fast engine (tests assert both agree) and as the benchmark's baseline. Slow."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from speclab.costmodel.model import CostModel
+from speclab.simulate.engine import Timing, TraceArrays, check_decision, heuristic_flags
+from speclab.simulate.policies import Policy, PolicyContext, StepOutcome, StepView
+
+
+class _Req:
+    __slots__ = ("i", "pos", "steps", "prev", "start_time")
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+        self.pos = 1  # position 0 is produced by prefill
+        self.steps = 0
+        self.prev = -2
+        self.start_time = 0.0
+
+
+def reference_timing(
+    ta: TraceArrays,
+    policy: Policy,
+    cm: CostModel,
+    batching: str,
+    batch_size: int,
+    draws: np.ndarray | None,
+    switch_overhead: float,
+    heuristic: bool,
+) -> Timing:
+    policy.begin(PolicyContext(num_requests=ta.n, batch_size=batch_size, k_max=dict(ta.k_max)))
+    copies = batch_size if batching == "replicate" else 1
+    latency = np.zeros(ta.n)
+    batch_of = np.zeros(ta.n, dtype=np.int64)
+    acc = {m: ta.acc[m].tolist() for m in policy.methods}
+    nprop = {m: (None if ta.nprop[m] is None else ta.nprop[m]) for m in policy.methods}
+    prompt = ta.prompt_len.tolist()
+    out_len = ta.out_len.tolist()
+    off = ta.off.tolist()
+    tot = {"verify": 0.0, "propose": 0.0, "overhead": 0.0, "steps": 0, "produced": 0, "rsteps": 0, "rej": 0}
+
+    def run(order: list[int], slots: int) -> float:
+        """Run requests through `slots` slots (admitting in order as slots free); returns the makespan."""
+        waiting = deque(order)
+        running: list[_Req] = []
+        now = 0.0
+        while waiting or running:
+            new: list[_Req] = []
+            while waiting and len(running) + len(new) < slots:
+                new.append(_Req(waiting.popleft()))
+            # decisions for the running requests (not the ones being prefilled in this step)
+            ridx = np.array([r.i for r in running], dtype=np.int64)
+            pos = np.array([r.pos for r in running], dtype=np.int64)
+            fi = ta.off[ridx] + pos if len(running) else np.zeros(0, dtype=np.int64)
+            view = StepView(
+                ridx,
+                pos,
+                np.array([r.steps for r in running], dtype=np.int64),
+                {m: (None if nprop[m] is None else nprop[m][fi]) for m in policy.methods},
+                {m: ta.acc[m][fi] for m in policy.methods} if policy.oracle else None,
+            )
+            meth, k = policy.decide(view)
+            meth = np.asarray(meth, dtype=np.int64)
+            k = np.asarray(k, dtype=np.int64)
+            check_decision(policy, ta, meth, k, len(running))
+            a_arr = np.array(
+                [
+                    acc[policy.methods[m]][off[r.i] + r.pos] if m >= 0 else 1
+                    for r, m in zip(running, meth.tolist(), strict=True)
+                ],
+                dtype=np.int64,
+            )
+            cand = heuristic_flags(policy, ta, meth, k, a_arr, heuristic).tolist()
+            kv = 0
+            vtok = 0
+            switched = False
+            per_method: dict[str, list[tuple[int, int]]] = {}  # charged method -> [(spec, copies drafting)]
+            prod_raw_l = []
+            for j, r in enumerate(running):
+                m, kk, a = int(meth[j]), int(k[j]), int(a_arr[j])
+                kv += copies * (prompt[r.i] + r.pos - 1)
+                matched = copies
+                if cand[j] and draws is not None:
+                    matched = int(draws[off[r.i] + r.pos])  # copies whose n-gram lookup found a match
+                vtok += (copies - matched) + matched * (kk + 1)
+                if m >= 0:
+                    name = policy.charge_as or policy.methods[m]
+                    per_method.setdefault(name, []).append((kk if matched > 0 else 0, kk * matched))
+                if r.prev != -2 and r.prev != m:
+                    switched = True
+                prod_raw = min(a, kk + 1)
+                prod_raw_l.append(prod_raw)
+                prod = min(prod_raw, out_len[r.i] - r.pos)
+                tot["produced"] += copies * prod
+                tot["rej"] += (copies - matched) + matched * (kk + 1) - copies * prod
+                tot["rsteps"] += copies
+            for r in new:
+                vtok += copies * prompt[r.i]
+            verify = cm.target_time(kv, vtok)
+            draft = 0.0
+            for name in sorted(per_method):
+                cost = cm.draft_for(name)
+                items = per_method[name]
+                mx = max(s for s, _ in items)
+                if cost.form == "verify_fraction":
+                    draft += cost.fraction * verify if mx > 0 else 0.0
+                elif cost.form == "linear":
+                    # per request kv*batch_kv + num_spec*spec + const; the step pays the max over requests
+                    draft += max(cost.kv * kv + cost.num_spec * s + cost.const for s, _ in items)
+                else:
+                    draft += sum(cost.kv * kv + cost.const for _ in range(mx)) + cost.num_spec * sum(
+                        s for _, s in items
+                    )
+            overhead = cm.overhead_per_step + (switch_overhead if switched and switch_overhead else 0.0)
+            dt = verify + draft + overhead
+            tot["verify"] += verify
+            tot["propose"] += draft
+            tot["overhead"] += overhead
+            tot["steps"] += 1
+            start = now
+            now += dt
+            if len(running):
+                policy.observe(StepOutcome(req=ridx, method=meth, k=k, accepted=np.array(prod_raw_l) - 1))
+            still: list[_Req] = []
+            for j, r in enumerate(running):
+                r.pos += min(prod_raw_l[j], out_len[r.i] - r.pos)
+                r.steps += 1
+                r.prev = int(meth[j])
+                if r.pos >= out_len[r.i]:
+                    latency[r.i] = now - r.start_time
+                else:
+                    still.append(r)
+            running = still
+            for r in new:
+                r.start_time = start
+                if out_len[r.i] <= 1:  # prefill produced its only token
+                    latency[r.i] = now - start
+                else:
+                    running.append(r)
+        return now
+
+    total = 0.0
+    if batching == "replicate":
+        for i in range(ta.n):
+            batch_of[i] = i
+            total += run([i], 1)
+    elif batching == "static":
+        for b, s in enumerate(range(0, ta.n, batch_size)):
+            chunk = list(range(s, min(s + batch_size, ta.n)))
+            batch_of[chunk] = b
+            total += run(chunk, len(chunk))
+    else:
+        total = run(list(range(ta.n)), batch_size)
+    return Timing(
+        latency=latency,
+        batch=batch_of,
+        tokens=copies * ta.out_len,
+        verify_s=tot["verify"],
+        propose_s=tot["propose"],
+        overhead_s=tot["overhead"],
+        total_s=total,
+        steps=tot["steps"],
+        produced=tot["produced"],
+        request_steps=tot["rsteps"],
+        rejected=tot["rej"],
+    )
