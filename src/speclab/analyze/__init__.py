@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ def analyze(
     n_bins: int = 10,
     seed: int = 42,
     oracle: bool = True,
+    command: str | None = None,
 ) -> dict[str, Any]:
     """Full analysis. `traces` defaults to RUN/traces when a run is given."""
     warnings: list[str] = []
@@ -60,7 +60,7 @@ def analyze(
         )
     out: dict[str, Any] = {
         "schema": SCHEMA,
-        "generated_by": {"command": " ".join(["speclab", *sys.argv[1:]]) if sys.argv else None},
+        "generated_by": {"command": command or "speclab.analyze.analyze() (Python API)"},
         "inputs": {
             "traces": str(traces),
             "run": str(run_path) if run_path else None,

@@ -133,6 +133,8 @@ def oracle_gap(
                 best = meas.get(best_label) if best_label else None
                 singles = {p: v for p, v in s.items() if p.startswith("oracle:")}
                 best_single = max(singles, key=singles.get) if singles else None
+                fixed_sim = {p: v for p, v in s.items() if p.startswith("fixed:")}
+                best_fixed = max(fixed_sim, key=fixed_sim.get) if fixed_sim else None
                 combine = next((v for p, v in s.items() if p.startswith("oracle-combine:")), None)
                 out_rows.append(
                     {
@@ -143,6 +145,8 @@ def oracle_gap(
                         "best_measured": best,
                         "best_measured_method": best_label,
                         "simulated": s,
+                        "sim_best_fixed": fixed_sim.get(best_fixed) if best_fixed else None,
+                        "sim_best_fixed_policy": best_fixed,
                         "oracle_best_single": singles.get(best_single) if best_single else None,
                         "oracle_best_single_policy": best_single,
                         "oracle_combine": combine,

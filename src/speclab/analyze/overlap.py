@@ -115,8 +115,9 @@ def overlap_vs_advantage(records: Iterable[RequestTrace]) -> dict[str, Any]:
             slope, intercept = np.polyfit(x, y, 1)
             fit = {"slope": float(slope), "intercept": float(intercept)}
             if slope != 0:
+                # only inside the observed overlap range: no extrapolation
                 c = -intercept / slope
-                crossover = float(c) if 0.0 <= c <= 1.0 else None
+                crossover = float(c) if x.min() <= c <= x.max() else None
         bins = []
         for lo, hi in zip(OVERLAP_BINS[:-1], OVERLAP_BINS[1:], strict=True):
             sel = (x >= lo) & (x < hi)

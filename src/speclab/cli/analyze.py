@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 
 import click
 
@@ -59,6 +61,7 @@ def command(
         max_requests=max_requests,
         n_bins=bins,
         oracle=not no_oracle,
+        command=" ".join(["speclab", *map(shlex.quote, sys.argv[1:])]),
     )
     text = json.dumps(result, indent=1, default=str)
     if out:

@@ -39,7 +39,7 @@ th,td{border:1px solid #ddd;padding:3px 7px;text-align:right;white-space:nowrap}
 th{background:#f4f4f4;position:sticky;top:0} td.l,th.l{text-align:left}
 tr.off td{background:#fdecec} tr.marginal td{background:#fff8e0} tr.failed td{color:#a00}
 .pair{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start}
-.pair>figure{flex:1 1 640px;min-width:480px} .pair>.tbl{flex:1 1 480px;overflow:auto;max-height:760px}
+.pair>figure{flex:1.4 1 700px;min-width:480px} .pair>.tbl{flex:1 1 480px;overflow:auto;max-height:760px}
 figure{margin:.6em 0} figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{color:#555;font-size:13px;max-width:1100px}
 pre{background:#f7f7f7;padding:8px 12px;overflow:auto;font-size:12px;max-height:400px}
@@ -191,7 +191,12 @@ def build_report(
     if analysis is None and traces is not None:
         from speclab.analyze import analyze
 
-        analysis = analyze(traces, run=run_path, cost_model=cost_model)
+        analysis = analyze(
+            traces,
+            run=run_path,
+            cost_model=cost_model,
+            command="computed by this `speclab report` run (in process)",
+        )
     if rows is None and analysis is None:
         raise SpeclabError("nothing to report: give --run RUN, --traces STORE or --analysis FILE")
     analysis = analysis or {}
@@ -507,7 +512,7 @@ def build_report(
         h.append(f"<pre>{_e(json.dumps(analysis['inputs'], indent=1))}</pre>")
     if rows:
         h.append("<p>Run configuration (distinct values in the results):</p>")
-        h.append(_table(["column", "values"], _run_config(rows)))
+        h.append(_table(["column", "values"], _run_config(rows), left=2))
     if run_path:
         for name, text in config_files(run_path).items():
             h.append(f"<p>RUN/{_e(name)}:</p><pre>{_e(text)}</pre>")

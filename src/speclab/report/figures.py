@@ -82,7 +82,7 @@ def speedup_vs_batch(rows: list[dict[str, Any]] | None, gap: dict[str, Any] | No
         return None
     names = [_method_of(lbl) for w in workloads for lbl in list(measured[w]) + list(simulated[w])]
     colors = _color_map(names)
-    fig, axes = _grid(len(workloads))
+    fig, axes = _grid(len(workloads), ncols=2, w=5.6, h=4.2)
     for ax, wl in zip(axes, workloads, strict=True):
         for label, pts in sorted(measured[wl].items()):
             xs = sorted(pts)
@@ -118,7 +118,12 @@ def speedup_vs_batch(rows: list[dict[str, Any]] | None, gap: dict[str, Any] | No
         ax.set_ylabel("speedup vs no SD")
         ax.set_title(wl)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    # one legend for all panels, below them, so it hides no line
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for hnd, lbl in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lbl, hnd)
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=3, fontsize=8)
     return Figure(
         "speedup_vs_batch.png",
         "Speedup vs batch size",
@@ -301,7 +306,7 @@ def overlap_advantage(overlap: dict[str, Any] | None) -> Figure | None:
         pts = np.array([[p[0], p[1]] for p in g["points"]], dtype=float)
         ax.scatter(pts[:, 0], pts[:, 1], s=12, alpha=0.6)
         if g.get("fit"):
-            xs = np.linspace(0, 1, 20)
+            xs = np.linspace(pts[:, 0].min(), pts[:, 0].max(), 20)  # the data's range: no extrapolation
             ax.plot(xs, g["fit"]["slope"] * xs + g["fit"]["intercept"], "r-", lw=1, label="linear fit")
         ax.axhline(0.0, color="grey", lw=1)
         ax.set_xlim(-0.02, 1.02)
