@@ -1,0 +1,138 @@
+"""The bench's Python API: load a sweep (file or preset, with overrides), check it, run it.
+
+from speclab.bench import load_sweep_source, run_bench
+spec, text = load_sweep_source(preset="demo-cpu", overrides={"num_prompts": 4})
+outcome = run_bench(spec, "runs/demo", spec_text=text)
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from speclab.bench.preflight import PromptSet, preflight, render_workload
+from speclab.bench.runner import PromptProvider, SweepOutcome, run_sweep
+from speclab.bench.spec import SweepSpec, parse_sweep, preset_text
+from speclab.errors import ConfigError
+
+# Overrides a command line may apply on top of a sweep file (top-level keys, or engine.<key>).
+OVERRIDABLE = {
+    "num_prompts",
+    "max_tokens",
+    "batch_sizes",
+    "workloads",
+    "batching",
+    "seed",
+    "dtype",
+    "target",
+    "engine.enforce_eager",
+    "engine.max_model_len",
+    "engine.kv_cache_gib",
+}
+
+
+def load_sweep_source(
+    path: str | Path | None = None,
+    preset: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    methods: list[str] | None = None,
+) -> tuple[SweepSpec, str]:
+    """Parse a sweep file or preset, apply overrides, validate. Returns the spec and the source text.
+
+    methods: keep only the [[methods]] entries with these labels or names (the baseline is always kept)."""
+    if (path is None) == (preset is None):
+        raise ConfigError("give a sweep file or --preset NAME (one of them)")
+    if preset is not None:
+        text, source = preset_text(preset), f"preset:{preset}"
+    else:
+        p = Path(path)  # type: ignore[arg-type]
+        source = str(p)
+        try:
+            text = p.read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"{p}: sweep file not found") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{p}: is a directory, expected a sweep .toml file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{p}: cannot read sweep file: {exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: malformed TOML: {exc}") from None
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in OVERRIDABLE:
+            raise ConfigError(f"cannot override {key!r} (can: {', '.join(sorted(OVERRIDABLE))})")
+        if key.startswith("engine."):
+            eng = data.setdefault("engine", {})
+            if not isinstance(eng, dict):
+                raise ConfigError(f"{source}: field engine: expected a table")
+            eng[key.split(".", 1)[1]] = value
+        else:
+            data[key] = value
+    if methods:
+        raw = data.get("methods")
+        if isinstance(raw, list):
+            known = {str(m.get("label") or _default_label(m)) for m in raw if isinstance(m, dict)}
+            names = {str(m.get("name", m.get("method"))) for m in raw if isinstance(m, dict)}
+            bad = [m for m in methods if m not in known and m not in names]
+            if bad:
+                raise ConfigError(
+                    f"--methods: {', '.join(bad)} not in the sweep (it has: {', '.join(sorted(known))})"
+                )
+            data["methods"] = [
+                m
+                for m in raw
+                if isinstance(m, dict)
+                and (
+                    m.get("name", m.get("method")) == "none"
+                    or str(m.get("label") or _default_label(m)) in methods
+                    or str(m.get("name", m.get("method"))) in methods
+                )
+            ]
+    return parse_sweep(data, source), text
+
+
+def _default_label(m: dict[str, Any]) -> str:
+    name = m.get("name", m.get("method"))
+    return "none" if name == "none" else f"{name}-k{m.get('k')}"
+
+
+def default_prompt_provider(spec: SweepSpec, check_models: bool = True) -> PromptProvider:
+    """Check the sweep against the machine (workloads, models, drafter tokenizers), then return a provider
+    that renders each workload's prompts with the target's tokenizer. Loads no model."""
+    pf = preflight(spec, check_models=check_models)
+    tokenizer = pf.target_path or spec.target
+
+    def provider(workload: str) -> PromptSet:
+        return render_workload(spec, workload, tokenizer, pf.categories[workload])
+
+    return provider
+
+
+def run_bench(
+    spec: SweepSpec,
+    run_dir: str | Path,
+    *,
+    spec_text: str | None = None,
+    prompt_provider: PromptProvider | None = None,
+    progress: bool = True,
+    echo: Callable[[str], None] = print,
+    command_line: str | None = None,
+) -> SweepOutcome:
+    """Validate against the machine (before any model loads), render all prompts, then run the sweep."""
+    provider = prompt_provider or default_prompt_provider(spec)
+    # render every workload up front: a bad prompt fails here, not after an engine has started
+    cache = {w: provider(w) for w in spec.workloads}
+    return run_sweep(
+        spec,
+        run_dir,
+        cache.__getitem__,
+        progress=progress,
+        echo=echo,
+        spec_text=spec_text,
+        command_line=command_line,
+    )

@@ -1,0 +1,164 @@
+"""Cells (method x workload x batching x batch size) and engines (one per engine configuration).
+
+A cell id is readable and stable: the same sweep settings give the same id on every run, so a rerun skips
+what is done; changing anything that affects a cell's result (target, dtype, k, options, prompt count, max
+tokens, seed, engine settings) changes the short hash at its end. The largest batch size an engine serves is
+not part of a cell id: adding a batch size to a sweep keeps the ids of the cells already run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from speclab.bench.spec import MethodEntry, SweepSpec
+from speclab.engine.protocol import EngineSpec
+
+_BATCHING_SHORT = {"replicate": "rep", "continuous": "cont"}
+
+
+def _digest(obj: Any, n: int = 8) -> str:
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:n]
+
+
+@dataclass
+class Cell:
+    cell_id: str
+    engine_key: str  # cells with the same key share one engine
+    method: MethodEntry
+    target: str
+    dtype: str
+    workload: str
+    batching: str
+    batch_size: int
+    num_prompts: int
+    max_tokens: int
+    seed: int
+    baseline_key: str  # equal for a cell and its matching no-SD cell
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.method.name == "none"
+
+    def describe(self) -> dict[str, Any]:
+        """The cell's settings as they appear in a results row."""
+        return {
+            "cell_id": self.cell_id,
+            "target": self.target,
+            "dtype": self.dtype,
+            "method": self.method.name,
+            "label": self.method.label,
+            "k": self.method.k,
+            "method_options": self.method.options,
+            "workload": self.workload,
+            "batching": self.batching,
+            "batch_size": self.batch_size,
+            "num_prompts": self.num_prompts,
+            "max_tokens": self.max_tokens,
+            "seed": self.seed,
+        }
+
+
+@dataclass
+class EngineGroup:
+    engine_id: str  # readable: "<label>-<hash>"
+    engine: EngineSpec
+    cells: list[Cell] = field(default_factory=list)
+
+
+def engine_settings(spec: SweepSpec, m: MethodEntry) -> dict[str, Any]:
+    """What defines an engine, apart from max_num_seqs (that follows from its cells)."""
+    return {
+        "target": spec.target,
+        "dtype": spec.dtype,
+        "method": m.name,
+        "k": m.k,
+        "options": m.options,
+        "max_model_len": spec.max_model_len,
+        "enforce_eager": spec.enforce_eager,
+        "kv_cache_gib": spec.kv_cache_gib,
+        "seed": spec.seed,
+        "llm_kwargs": spec.llm_kwargs,
+    }
+
+
+def expand_cells(spec: SweepSpec) -> list[Cell]:
+    """All cells of a sweep, baseline (none) cells first, then in method order, workload, batching, batch."""
+    cells: list[Cell] = []
+    for m in spec.methods:
+        eng = engine_settings(spec, m)
+        ekey = _digest(eng)
+        for w in spec.workloads:
+            if m.workloads is not None and w not in m.workloads:
+                continue
+            for batching in spec.batching:
+                for b in spec.batch_sizes:
+                    if m.batch_sizes is not None and b not in m.batch_sizes:
+                        continue
+                    common = {
+                        "target": spec.target,
+                        "dtype": spec.dtype,
+                        "workload": w,
+                        "source": spec.workload_sources.get(w),
+                        "batching": batching,
+                        "batch_size": b,
+                        "num_prompts": spec.num_prompts,
+                        "max_tokens": spec.max_tokens,
+                        "max_prompt_tokens": spec.prompt_budget,
+                        "seed": spec.seed,
+                        # engine settings other than the method: a baseline must match them too
+                        "engine": {k: v for k, v in eng.items() if k not in ("method", "k", "options")},
+                    }
+                    bkey = _digest(common)
+                    h = _digest({"common": common, "method": m.name, "k": m.k, "options": m.options})
+                    cid = f"{m.label}.{w}.{_BATCHING_SHORT[batching]}.b{b}.{h}"
+                    cells.append(
+                        Cell(
+                            cell_id=cid,
+                            engine_key=ekey,
+                            method=m,
+                            target=spec.target,
+                            dtype=spec.dtype,
+                            workload=w,
+                            batching=batching,
+                            batch_size=b,
+                            num_prompts=spec.num_prompts,
+                            max_tokens=spec.max_tokens,
+                            seed=spec.seed,
+                            baseline_key=bkey,
+                        )
+                    )
+    cells.sort(key=lambda c: 0 if c.is_baseline else 1)  # stable: keeps method order otherwise
+    return cells
+
+
+def group_engines(spec: SweepSpec, cells: list[Cell]) -> list[EngineGroup]:
+    """One engine per engine configuration, holding all of its cells; baseline engines first so that every
+    SD cell finds its no-SD cell (speedup, token-exactness) already done."""
+    groups: dict[str, EngineGroup] = {}
+    for c in cells:
+        g = groups.get(c.engine_key)
+        if g is None:
+            eng = EngineSpec(
+                target=spec.target,
+                dtype=spec.dtype,
+                method=c.method.name,
+                k=c.method.k,
+                options=dict(c.method.options),
+                max_model_len=spec.max_model_len,
+                max_num_seqs=1,
+                enforce_eager=spec.enforce_eager,
+                kv_cache_gib=spec.kv_cache_gib,
+                seed=spec.seed,
+                llm_kwargs=dict(spec.llm_kwargs),
+            )
+            g = groups[c.engine_key] = EngineGroup(engine_id=f"{c.method.label}-{c.engine_key}", engine=eng)
+        g.cells.append(c)
+    out = sorted(groups.values(), key=lambda g: 0 if g.engine.method == "none" else 1)
+    for g in out:
+        need = max(c.batch_size for c in g.cells)
+        g.engine.max_num_seqs = spec.max_num_seqs or need
+    return out

@@ -1,0 +1,215 @@
+"""Checks that need the machine but load no model: workloads exist, models exist, drafter tokenizers match.
+
+Everything here fails with one ConfigError line naming what is wrong, before any engine starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from speclab.bench.spec import SweepSpec
+from speclab.engine.protocol import PromptSpec
+from speclab.errors import ConfigError, SpeclabError
+
+# Methods whose option "model" is a checkpoint with its own tokenizer (checked against the target's).
+_DRAFTERS_WITH_TOKENIZER = ("draft_model",)
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or name.endswith((".gguf", ".safetensors"))
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not _looks_like_path(name)
+
+
+def resolve_model(name: str, dtype: str, what: str) -> str | None:
+    """A local checkpoint directory for `name`, None for a hub id left to the engine, or ConfigError.
+
+    Never builds, downloads or loads anything: a preset that is not prepared yet is an error naming the
+    command that prepares it; a hub id is resolved only from the local Hugging Face cache."""
+    p = Path(name).expanduser()
+    if p.exists():
+        if p.is_dir() and not (p / "config.json").exists():
+            raise ConfigError(f"{what} {name!r}: directory has no config.json (not a model checkpoint)")
+        return str(p.resolve())
+    if _looks_like_path(name):
+        raise ConfigError(f"{what} {name!r}: no such file or directory")
+    try:
+        from speclab.models import presets
+        from speclab.models import resolve_model as _resolve
+    except ImportError:  # pragma: no cover - models is part of speclab
+        presets, _resolve = None, None
+    hub_id = name if _looks_like_hub_id(name) else None
+    if presets is not None and _resolve is not None:
+        ps = presets()
+        if name in ps:
+            preset = ps[name]
+            if preset.buildable:
+                try:
+                    return str(_resolve(name, dtype, prepare=False))
+                except SpeclabError as exc:
+                    raise ConfigError(f"{what}: {exc}") from None
+            hub_id = preset.hub_id
+        elif hub_id is None:
+            known = ", ".join(sorted(ps))
+            raise ConfigError(
+                f"{what} {name!r}: not found (not a checkpoint directory, a model preset ({known}) or a hub id)"
+            )
+    if hub_id is None:
+        raise ConfigError(f"{what} {name!r}: not found (not a checkpoint directory or a hub id org/name)")
+    return _local_hub_snapshot(hub_id)
+
+
+def _local_hub_snapshot(hub_id: str) -> str | None:
+    """The hub id's snapshot if it is in the local HF cache, else None (the engine downloads it)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return str(snapshot_download(hub_id, local_files_only=True))
+    except Exception:
+        return None
+
+
+def _tokenizer_fingerprint(path: str) -> str | None:
+    """A hash of the vocabulary (token -> id) and special tokens, or None if there is no tokenizer here."""
+    p = Path(path)
+    if not any(
+        (p / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+    ):
+        return None
+    from speclab.workloads.render import load_tokenizer
+
+    tok = load_tokenizer(path)
+    # The base vocabulary decides whether draft token ids mean the same text for the target. Added/special
+    # token *names* may differ between model versions that share ids (Llama-3 vs Llama-3.2), so they are
+    # left out; the vocabulary sizes are compared separately from config.json.
+    added = set(getattr(tok, "get_added_vocab", dict)() or {})
+    vocab = sorted(((t, i) for t, i in tok.get_vocab().items() if t not in added), key=lambda kv: kv[1])
+    blob = json.dumps(vocab, ensure_ascii=False)
+    return hashlib.sha1(blob.encode()).hexdigest()
+
+
+def _vocab_size(path: str) -> int | None:
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    v = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    return int(v) if isinstance(v, int) else None
+
+
+def check_drafter_tokenizer(target_path: str, drafter_path: str, drafter_name: str) -> None:
+    tv, dv = _vocab_size(target_path), _vocab_size(drafter_path)
+    if tv is not None and dv is not None and tv != dv:
+        raise ConfigError(
+            f"drafter {drafter_name!r}: vocabulary size {dv} differs from the target's {tv} "
+            "(a draft model must share the target's tokenizer)"
+        )
+    ft = _tokenizer_fingerprint(target_path)
+    fd = _tokenizer_fingerprint(drafter_path)
+    if ft is not None and fd is not None and ft != fd:
+        raise ConfigError(
+            f"drafter {drafter_name!r}: its tokenizer differs from the target's "
+            "(a draft model must share the target's tokenizer)"
+        )
+
+
+@dataclass
+class Preflight:
+    target_path: str | None  # None: a hub id (not checked locally)
+    categories: dict[str, str]  # workload -> category
+
+
+def preflight(spec: SweepSpec, check_models: bool = True) -> Preflight:
+    """Everything that can be checked without starting an engine."""
+    from speclab.workloads import get_workload
+
+    categories = {}
+    for w in spec.workloads:
+        try:
+            categories[w] = get_workload(w).category
+        except SpeclabError as exc:
+            raise ConfigError(f"{spec.source}: {exc}") from None
+        src = spec.workload_sources.get(w)
+        if src and not Path(src).expanduser().exists():
+            raise ConfigError(f"{spec.source}: workload_sources.{w}: {src} does not exist")
+    target_path = None
+    if check_models:
+        target_path = resolve_model(spec.target, spec.dtype, "target")
+        for m in spec.methods:
+            drafter = m.options.get("model")
+            if m.name in _DRAFTERS_WITH_TOKENIZER and isinstance(drafter, str):
+                dpath = resolve_model(drafter, spec.dtype, f"{m.label}: drafter")
+                if dpath is not None and target_path is not None:
+                    check_drafter_tokenizer(target_path, dpath, drafter)
+            elif m.name in ("eagle", "eagle3") and isinstance(drafter, str):
+                resolve_model(drafter, spec.dtype, f"{m.label}: drafter head")
+            elif m.name == "custom_class" and isinstance(drafter, str):
+                _check_class_path(drafter, m.label)
+    return Preflight(target_path=target_path, categories=categories)
+
+
+def _check_class_path(dotted: str, label: str) -> None:
+    import importlib.util
+
+    if "." not in dotted:
+        raise ConfigError(
+            f"{label}: model {dotted!r}: custom_class needs a dotted path package.module.ClassName"
+        )
+    module = dotted.rsplit(".", 1)[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError(f"{label}: model {dotted!r}: module {module!r} cannot be found on the Python path")
+
+
+# --- prompts ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PromptSet:
+    workload: str
+    category: str
+    prompts: list[PromptSpec]
+    truncated: int = 0
+
+
+def render_workload(spec: SweepSpec, workload: str, tokenizer_path: str, category: str) -> PromptSet:
+    """Load a workload and render its prompts with the target's chat template (tokenizer only)."""
+    from speclab.workloads import load_workload, render_prompt
+    from speclab.workloads.render import load_tokenizer
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        prompts = load_workload(
+            workload, limit=spec.num_prompts, seed=spec.seed, source=spec.workload_sources.get(workload)
+        )
+    except SpeclabError as exc:
+        raise ConfigError(f"workload {workload}: {exc}") from None
+    if not prompts:
+        raise ConfigError(f"workload {workload}: no prompts")
+    if len(prompts) < spec.num_prompts:
+        # fewer than asked (a small dataset): say so, but go on
+        pass
+    tok = _TOKENIZERS.get(tokenizer_path)
+    if tok is None:
+        tok = _TOKENIZERS[tokenizer_path] = load_tokenizer(tokenizer_path)
+    out = []
+    truncated = 0
+    for p in prompts:
+        ids, cut = render_prompt(p, tok, max_prompt_tokens=spec.prompt_budget)
+        truncated += int(cut)
+        out.append(PromptSpec(id=p.id, prompt_token_ids=[int(t) for t in ids]))
+    return PromptSet(workload=workload, category=category, prompts=out, truncated=truncated)
+
+
+_TOKENIZERS: dict[str, Any] = {}

@@ -1,0 +1,197 @@
+"""Print a run's results: a per-cell table and a speedup-by-batch-size summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from speclab.bench.results import RESULTS, ResultsStore
+from speclab.errors import ConfigError
+
+
+def load_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    rd = Path(run_dir)
+    if not (rd / RESULTS).exists():
+        if not rd.exists():
+            raise ConfigError(f"{rd}: run directory not found")
+        raise ConfigError(f"{rd}: no {RESULTS} here (not a bench run directory, or nothing finished yet)")
+    rows = ResultsStore(rd).ordered()
+    _fill_speedups(rows)
+    return rows
+
+
+def _fill_speedups(rows: list[dict[str, Any]]) -> None:
+    """Speedups missing in a row (its baseline finished later) are computed for display."""
+    base: dict[tuple, float] = {}
+    for r in rows:
+        if r.get("method") == "none" and r.get("status") == "ok" and r.get("throughput_tok_s"):
+            base[_match_key(r)] = r["throughput_tok_s"]
+    for r in rows:
+        if r.get("speedup") is None and r.get("status") == "ok" and r.get("throughput_tok_s"):
+            b = base.get(_match_key(r))
+            if b:
+                r["speedup"] = r["throughput_tok_s"] / b
+
+
+def _match_key(r: dict[str, Any]) -> tuple:
+    return (
+        r.get("target"),
+        r.get("dtype"),
+        r.get("workload"),
+        r.get("batching"),
+        r.get("batch_size"),
+        r.get("num_prompts"),
+        r.get("max_tokens"),
+        r.get("seed"),
+    )
+
+
+def _sort_key(r: dict[str, Any], method_order: dict[str, int]) -> tuple:
+    return (
+        r.get("workload", ""),
+        r.get("batching", ""),
+        r.get("batch_size", 0),
+        method_order.get(r.get("label", ""), 99),
+    )
+
+
+def _fmt(v: Any, spec: str, none: str = "-") -> str:
+    return none if v is None else format(v, spec)
+
+
+def _mib(b: Any) -> str:
+    return "-" if b is None else f"{b / 2**20:.0f}"
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no results)"
+    method_order: dict[str, int] = {}
+    for r in rows:
+        method_order.setdefault(
+            r.get("label", ""), len(method_order) + (0 if r.get("method") == "none" else 1)
+        )
+    rows = sorted(rows, key=lambda r: _sort_key(r, method_order))
+    header = [
+        "workload",
+        "batching",
+        "B",
+        "method",
+        "tok/s",
+        "speedup",
+        "acc.len",
+        "acc/pos",
+        "propose/verify/other %",
+        "peak MiB",
+        "+draft MiB",
+        "token-exact",
+        "status",
+    ]
+    table = []
+    for r in rows:
+        ts = r.get("time_split_s") or {}
+        tot = sum(v for v in ts.values() if v) if ts else 0
+        split = (
+            "/".join(f"{100 * (ts.get(k) or 0) / tot:.0f}" for k in ("propose", "verify", "other"))
+            if tot
+            else "-"
+        )
+        mem = r.get("memory") or {}
+        acc = r.get("acceptance_rate_per_pos") or []
+        exact = r.get("lossless")
+        table.append(
+            [
+                r.get("workload", ""),
+                r.get("batching", ""),
+                str(r.get("batch_size", "")),
+                r.get("label", r.get("method", "")),
+                _fmt(r.get("throughput_tok_s"), ".1f"),
+                _fmt(r.get("speedup"), ".2f") + ("x" if r.get("speedup") is not None else ""),
+                _fmt(r.get("mean_acceptance_length"), ".2f"),
+                " ".join(f"{a:.2f}" for a in acc) if acc else "-",
+                split,
+                _mib(mem.get("peak_rss_bytes")),
+                _mib(mem.get("draft_weights_bytes")) if r.get("method") != "none" else "-",
+                "-" if exact is None else ("yes" if exact else "NO"),
+                r.get("status", "") if r.get("status") == "ok" else f"FAILED: {str(r.get('error'))[:60]}",
+            ]
+        )
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(header)]
+    right = {2, 4, 5, 6, 9, 10}
+    lines = []
+
+    def fmt_row(cols: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cols, widths, strict=True))
+        ).rstrip()
+
+    lines.append(fmt_row(header))
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend(fmt_row(row) for row in table)
+    return "\n".join(lines)
+
+
+def format_speedup_summary(rows: list[dict[str, Any]]) -> str:
+    """Speedup over no-SD by batch size: one line per (workload, batching, method)."""
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("method") != "none"]
+    if not ok:
+        return ""
+    sizes = sorted({r["batch_size"] for r in ok})
+    keys: list[tuple[str, str, str]] = []
+    cell: dict[tuple[str, str, str, int], float | None] = {}
+    for r in ok:
+        k = (r["workload"], r["batching"], r.get("label", r["method"]))
+        if k not in keys:
+            keys.append(k)
+        cell[(*k, r["batch_size"])] = r.get("speedup")
+    keys.sort()
+    head = ["workload", "batching", "method"] + [f"B={b}" for b in sizes]
+    body = [[w, bt, m] + [_fmt(cell.get((w, bt, m, b)), ".2f") for b in sizes] for w, bt, m in keys]
+    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(head)]
+    out = ["speedup over no-SD (output tokens/s), by batch size:"]
+    out.append(
+        "  ".join(
+            h.ljust(w) if i < 3 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths, strict=True))
+        )
+    )
+    for row in body:
+        out.append(
+            "  ".join(
+                c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    return "\n".join(out)
+
+
+def format_run(run_dir: str | Path) -> str:
+    rd = Path(run_dir)
+    rows = load_rows(rd)
+    parts = []
+    cmd = rd / "command.txt"
+    if cmd.exists():
+        last = [ln for ln in cmd.read_text().splitlines() if ln.strip()]
+        if last:
+            parts.append(f"command: {last[-1].split('  ', 1)[-1]}")
+    first = rows[0] if rows else {}
+    parts.append(
+        f"target: {first.get('target')}  dtype: {first.get('dtype')}  prompts/cell: {first.get('num_prompts')}  "
+        f"max_tokens: {first.get('max_tokens')}  seed: {first.get('seed')}"
+    )
+    n_ok = sum(1 for r in rows if r.get("status") == "ok")
+    parts.append(f"cells: {len(rows)} ({n_ok} ok, {len(rows) - n_ok} failed)")
+    parts.append("")
+    parts.append(format_table(rows))
+    summary = format_speedup_summary(rows)
+    if summary:
+        parts += ["", summary]
+    exact = [r for r in rows if r.get("lossless") is not None]
+    if exact:
+        n = sum(1 for r in exact if r["lossless"])
+        parts += ["", f"token-exact vs no-SD: {n}/{len(exact)} SD cells"]
+    return "\n".join(parts)
+
+
+def rows_json(run_dir: str | Path) -> str:
+    return json.dumps(load_rows(run_dir), indent=2)

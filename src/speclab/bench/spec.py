@@ -1,0 +1,437 @@
+"""Sweep files: a TOML description of a benchmark sweep, parsed and checked without loading any model.
+
+A sweep names one target (and dtype), the SD methods to try (each with k and its options), the workloads,
+the batch sizes and how a batch is formed, the prompt count, max tokens and seed. Example:
+
+    name = "my-sweep"
+    target = "smollm2-135m"          # preset name, checkpoint dir or hub id
+    dtype = "float32"
+    workloads = ["offline-code-edit", "offline-math"]
+    batch_sizes = [1, 4, 16]
+    batching = "continuous"          # or "replicate", or ["replicate", "continuous"]
+    num_prompts = 16
+    max_tokens = 64
+    seed = 42
+
+    [engine]                         # optional engine settings
+    max_model_len = 2048
+    enforce_eager = false
+    kv_cache_gib = 2.0
+    llm_kwargs = { enable_prefix_caching = false }
+
+    [[methods]]
+    name = "none"                    # the baseline; added automatically when missing
+
+    [[methods]]
+    name = "ngram"
+    k = 3
+    prompt_lookup_min = 2            # any other key is a method option (speculative_config)
+    prompt_lookup_max = 4
+
+    [[methods]]
+    name = "draft_model"
+    k = 3
+    model = "smollm2-135m-draft-l8"
+    # label = "draft-l8", workloads = [...], batch_sizes = [...] restrict or rename an entry
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from speclab.engine.protocol import BATCHING, DTYPES, METHODS, METHODS_NEEDING_MODEL
+from speclab.errors import ConfigError
+
+TOP_KEYS = {
+    "name",
+    "description",
+    "target",
+    "dtype",
+    "workloads",
+    "batch_sizes",
+    "batching",
+    "num_prompts",
+    "max_tokens",
+    "max_prompt_tokens",
+    "seed",
+    "engine",
+    "methods",
+    "workload_sources",
+}
+ENGINE_KEYS = {"max_model_len", "enforce_eager", "kv_cache_gib", "llm_kwargs", "max_num_seqs"}
+METHOD_KEYS = {"name", "method", "k", "label", "workloads", "batch_sizes", "options"}
+_LABEL_RE = re.compile(r"^[A-Za-z0-9_.+\-]+$")
+
+
+@dataclass
+class MethodEntry:
+    name: str  # an engine method (speclab.engine.protocol.METHODS)
+    k: int | None
+    options: dict[str, Any] = field(default_factory=dict)
+    label: str = ""  # shown in tables and cell ids; default "none" / "<name>-k<k>"
+    workloads: list[str] | None = None  # restrict this entry to these workloads
+    batch_sizes: list[int] | None = None  # restrict this entry to these batch sizes
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            self.label = "none" if self.name == "none" else f"{self.name}-k{self.k}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "k": self.k,
+            "options": self.options,
+            "label": self.label,
+            "workloads": self.workloads,
+            "batch_sizes": self.batch_sizes,
+        }
+
+
+@dataclass
+class SweepSpec:
+    name: str
+    target: str
+    dtype: str
+    workloads: list[str]
+    batch_sizes: list[int]
+    batching: list[str]
+    num_prompts: int
+    max_tokens: int
+    seed: int
+    methods: list[MethodEntry]
+    max_model_len: int = 2048
+    max_prompt_tokens: int | None = None  # default: max_model_len - max_tokens
+    enforce_eager: bool = False
+    kv_cache_gib: float = 2.0
+    llm_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_num_seqs: int | None = None  # default: the largest batch size an engine serves
+    workload_sources: dict[str, str] = field(default_factory=dict)  # workload -> local data path
+    description: str = ""
+    source: str = ""  # where the spec came from (file path or preset:NAME), for messages
+
+    @property
+    def prompt_budget(self) -> int:
+        return (
+            self.max_prompt_tokens
+            if self.max_prompt_tokens is not None
+            else self.max_model_len - self.max_tokens
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "target": self.target,
+            "dtype": self.dtype,
+            "workloads": self.workloads,
+            "batch_sizes": self.batch_sizes,
+            "batching": self.batching,
+            "num_prompts": self.num_prompts,
+            "max_tokens": self.max_tokens,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "seed": self.seed,
+            "engine": {
+                "max_model_len": self.max_model_len,
+                "enforce_eager": self.enforce_eager,
+                "kv_cache_gib": self.kv_cache_gib,
+                "llm_kwargs": self.llm_kwargs,
+                "max_num_seqs": self.max_num_seqs,
+            },
+            "workload_sources": self.workload_sources,
+            "methods": [m.to_dict() for m in self.methods],
+        }
+
+
+# --- parsing ----------------------------------------------------------------------------------------------
+
+
+def _int(v: Any, where: str, minimum: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{where}: expected an integer, got {v!r}")
+    if minimum is not None and v < minimum:
+        raise ConfigError(f"{where}: must be >= {minimum}, got {v}")
+    return v
+
+
+def _str(v: Any, where: str) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ConfigError(f"{where}: expected a non-empty string, got {v!r}")
+    return v.strip()
+
+
+def _str_list(v: Any, where: str) -> list[str]:
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not v:
+        raise ConfigError(f"{where}: expected a non-empty list of strings, got {v!r}")
+    out = [_str(x, where) for x in v]
+    if len(set(out)) != len(out):
+        raise ConfigError(f"{where}: duplicate entries in {out}")
+    return out
+
+
+def _batch_sizes(v: Any, where: str) -> list[int]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = [v]
+    if not isinstance(v, list) or not v:
+        raise ConfigError(f"{where}: expected a non-empty list of batch sizes, got {v!r}")
+    out = []
+    for b in v:
+        if isinstance(b, bool) or not isinstance(b, int):
+            raise ConfigError(f"{where}: batch size {b!r} is not an integer")
+        if b < 1:
+            raise ConfigError(f"{where}: batch size {b} is invalid (must be >= 1)")
+        out.append(b)
+    if len(set(out)) != len(out):
+        raise ConfigError(f"{where}: duplicate batch sizes in {out}")
+    return sorted(out)
+
+
+def _method(d: Any, i: int, src: str) -> MethodEntry:
+    where = f"{src}: methods[{i}]"
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: expected a table ([[methods]])")
+    if "name" in d and "method" in d:
+        raise ConfigError(f"{where}: give either name or method, not both")
+    name = d.get("name", d.get("method"))
+    if name is None:
+        raise ConfigError(f"{where}: field name: missing (one of {', '.join(METHODS)})")
+    name = _str(name, f"{where}: field name")
+    if name not in METHODS:
+        raise ConfigError(f"{where}: unknown method {name!r} (known: {', '.join(METHODS)})")
+    where = f"{where} ({name})"
+    k = d.get("k")
+    if name == "none":
+        if k not in (None, 0):
+            raise ConfigError(f"{where}: field k: method none takes no k")
+        k = None
+    else:
+        if k is None:
+            raise ConfigError(f"{where}: field k: missing (number of speculative tokens, >= 1)")
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise ConfigError(f"{where}: field k: expected an integer, got {k!r}")
+        if k < 1:
+            raise ConfigError(f"{where}: field k: must be >= 1, got {k}")
+    options: dict[str, Any] = {}
+    if "options" in d:
+        if not isinstance(d["options"], dict):
+            raise ConfigError(f"{where}: field options: expected a table")
+        options.update(d["options"])
+    for key, value in d.items():
+        if key not in METHOD_KEYS:
+            options[key] = value  # method option, passed on to vLLM's speculative_config
+    if name == "none" and options:
+        raise ConfigError(f"{where}: method none takes no options (got {', '.join(sorted(options))})")
+    if name in METHODS_NEEDING_MODEL:
+        what = (
+            "a dotted class path"
+            if name == "custom_class"
+            else "a drafter (preset name, checkpoint or hub id)"
+        )
+        if not isinstance(options.get("model"), str) or not options["model"].strip():
+            raise ConfigError(f"{where}: field model: method {name} needs {what}")
+    if name == "ngram":
+        lo = options.get("prompt_lookup_min", 1)
+        hi = options.get("prompt_lookup_max", lo)
+        for key, val in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+            _int(val, f"{where}: field {key}", 1)
+        if lo > hi:
+            raise ConfigError(f"{where}: prompt_lookup_min ({lo}) > prompt_lookup_max ({hi})")
+    label = d.get("label", "")
+    if label:
+        label = _str(label, f"{where}: field label")
+        if not _LABEL_RE.match(label):
+            raise ConfigError(f"{where}: field label: {label!r} may use only letters, digits and . _ + -")
+    workloads = _str_list(d["workloads"], f"{where}: field workloads") if "workloads" in d else None
+    bs = _batch_sizes(d["batch_sizes"], f"{where}: field batch_sizes") if "batch_sizes" in d else None
+    return MethodEntry(name=name, k=k, options=options, label=label, workloads=workloads, batch_sizes=bs)
+
+
+def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
+    """Check a parsed TOML document and build the sweep. Raises ConfigError (one line) on bad input."""
+    src = source
+    unknown = sorted(set(data) - TOP_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{src}: unknown field(s): {', '.join(unknown)} (known: {', '.join(sorted(TOP_KEYS))})"
+        )
+    if "target" not in data:
+        raise ConfigError(f"{src}: field target: missing (preset name, checkpoint dir or hub id)")
+    target = _str(data["target"], f"{src}: field target")
+    dtype = data.get("dtype", "float32")
+    if dtype not in DTYPES:
+        raise ConfigError(f"{src}: field dtype: {dtype!r} not one of {', '.join(DTYPES)}")
+    if "workloads" not in data:
+        raise ConfigError(f"{src}: field workloads: missing")
+    workloads = _str_list(data["workloads"], f"{src}: field workloads")
+    if "batch_sizes" not in data:
+        raise ConfigError(f"{src}: field batch_sizes: missing")
+    batch_sizes = _batch_sizes(data["batch_sizes"], f"{src}: field batch_sizes")
+    batching = _str_list(data.get("batching", "continuous"), f"{src}: field batching")
+    for b in batching:
+        if b not in BATCHING:
+            raise ConfigError(f"{src}: field batching: {b!r} not one of {', '.join(BATCHING)}")
+    num_prompts = _int(data.get("num_prompts", 16), f"{src}: field num_prompts", 1)
+    max_tokens = _int(data.get("max_tokens", 128), f"{src}: field max_tokens", 1)
+    seed = _int(data.get("seed", 42), f"{src}: field seed", 0)
+
+    engine = data.get("engine", {})
+    if not isinstance(engine, dict):
+        raise ConfigError(f"{src}: field engine: expected a table ([engine])")
+    bad = sorted(set(engine) - ENGINE_KEYS)
+    if bad:
+        raise ConfigError(
+            f"{src}: engine: unknown field(s): {', '.join(bad)} (known: {', '.join(sorted(ENGINE_KEYS))})"
+        )
+    max_model_len = _int(engine.get("max_model_len", 2048), f"{src}: engine.max_model_len", 16)
+    enforce_eager = engine.get("enforce_eager", False)
+    if not isinstance(enforce_eager, bool):
+        raise ConfigError(f"{src}: engine.enforce_eager: expected true or false, got {enforce_eager!r}")
+    kv = engine.get("kv_cache_gib", 2.0)
+    if isinstance(kv, bool) or not isinstance(kv, int | float) or kv <= 0:
+        raise ConfigError(f"{src}: engine.kv_cache_gib: must be a number > 0, got {kv!r}")
+    llm_kwargs = engine.get("llm_kwargs", {})
+    if not isinstance(llm_kwargs, dict):
+        raise ConfigError(f"{src}: engine.llm_kwargs: expected a table")
+    max_num_seqs = engine.get("max_num_seqs")
+    if max_num_seqs is not None:
+        max_num_seqs = _int(max_num_seqs, f"{src}: engine.max_num_seqs", 1)
+        if max_num_seqs < max(batch_sizes):
+            raise ConfigError(
+                f"{src}: engine.max_num_seqs ({max_num_seqs}) is below the largest batch size ({max(batch_sizes)})"
+            )
+    if max_tokens >= max_model_len:
+        raise ConfigError(
+            f"{src}: max_tokens ({max_tokens}) must be below engine.max_model_len ({max_model_len})"
+        )
+    max_prompt_tokens = data.get("max_prompt_tokens")
+    if max_prompt_tokens is not None:
+        max_prompt_tokens = _int(max_prompt_tokens, f"{src}: field max_prompt_tokens", 1)
+        if max_prompt_tokens + max_tokens > max_model_len:
+            raise ConfigError(
+                f"{src}: max_prompt_tokens ({max_prompt_tokens}) + max_tokens ({max_tokens}) exceeds "
+                f"engine.max_model_len ({max_model_len})"
+            )
+    sources = data.get("workload_sources", {})
+    if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+        raise ConfigError(f'{src}: field workload_sources: expected a table of workload = "path"')
+
+    raw_methods = data.get("methods")
+    if raw_methods is None:
+        raise ConfigError(f"{src}: no [[methods]] given")
+    if not isinstance(raw_methods, list) or not raw_methods:
+        raise ConfigError(f"{src}: field methods: expected one or more [[methods]] tables")
+    methods = [_method(m, i, src) for i, m in enumerate(raw_methods)]
+    labels = [m.label for m in methods]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ConfigError(
+            f"{src}: methods: duplicate label(s) {', '.join(dup)}; give each entry a distinct label"
+        )
+    for m in methods:
+        for w in m.workloads or []:
+            if w not in workloads:
+                raise ConfigError(
+                    f"{src}: methods ({m.label}): workload {w!r} is not in the sweep's workloads"
+                )
+        for b in m.batch_sizes or []:
+            if b not in batch_sizes:
+                raise ConfigError(
+                    f"{src}: methods ({m.label}): batch size {b} is not in the sweep's batch_sizes"
+                )
+    if not any(m.name == "none" for m in methods):
+        # speedups need the no-SD baseline at every (workload, batch size)
+        methods.insert(0, MethodEntry(name="none", k=None))
+    else:
+        nones = [m for m in methods if m.name == "none"]
+        if len(nones) > 1:
+            raise ConfigError(f"{src}: methods: give method none once")
+        if nones[0].workloads or nones[0].batch_sizes:
+            raise ConfigError(f"{src}: methods (none): the baseline cannot be restricted (speedups need it)")
+
+    return SweepSpec(
+        name=str(data.get("name") or Path(source).stem),
+        description=str(data.get("description", "")),
+        target=target,
+        dtype=dtype,
+        workloads=workloads,
+        batch_sizes=batch_sizes,
+        batching=batching,
+        num_prompts=num_prompts,
+        max_tokens=max_tokens,
+        seed=seed,
+        methods=methods,
+        max_model_len=max_model_len,
+        max_prompt_tokens=max_prompt_tokens,
+        enforce_eager=enforce_eager,
+        kv_cache_gib=float(kv),
+        llm_kwargs=dict(llm_kwargs),
+        max_num_seqs=max_num_seqs,
+        workload_sources=dict(sources),
+        source=source,
+    )
+
+
+def parse_sweep_text(text: str, source: str = "sweep") -> SweepSpec:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # the message already ends with "(at line L, column C)"
+        raise ConfigError(f"{source}: malformed TOML: {exc}") from None
+    return parse_sweep(data, source)
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: sweep file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a directory, expected a sweep .toml file") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read sweep file: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a text (UTF-8) file") from None
+    return parse_sweep_text(text, str(p))
+
+
+# --- presets ----------------------------------------------------------------------------------------------
+
+
+def _preset_dir() -> Any:
+    return resources.files("speclab") / "presets" / "sweeps"
+
+
+def list_presets() -> list[tuple[str, str]]:
+    """(name, description) of every sweep preset shipped with speclab."""
+    out = []
+    d = _preset_dir()
+    if not d.is_dir():
+        return out
+    for f in sorted(d.iterdir(), key=lambda x: x.name):
+        if f.name.endswith(".toml"):
+            name = f.name[: -len(".toml")]
+            try:
+                desc = str(tomllib.loads(f.read_text()).get("description", ""))
+            except tomllib.TOMLDecodeError:
+                desc = "(malformed)"
+            out.append((name, desc))
+    return out
+
+
+def preset_text(name: str) -> str:
+    f = _preset_dir() / f"{name}.toml"
+    if not f.is_file():
+        known = ", ".join(n for n, _ in list_presets())
+        raise ConfigError(f"unknown sweep preset {name!r} (known: {known})")
+    return f.read_text()
+
+
+def load_preset(name: str) -> SweepSpec:
+    return parse_sweep_text(preset_text(name), f"preset:{name}")

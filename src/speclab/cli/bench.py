@@ -1,0 +1,156 @@
+"""`speclab bench`: run a sweep on a real vLLM engine, or show a run's results.
+
+speclab bench SWEEP.toml --out RUN        run (or resume) a sweep file
+speclab bench --preset demo-cpu --out RUN run a shipped sweep preset
+speclab bench show RUN [--json]           the results table
+speclab bench presets                     list sweep presets
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import click
+
+from speclab.errors import ConfigError
+
+_SUBCOMMANDS = ("run", "show", "presets")
+
+
+class _BenchGroup(click.Group):
+    """`speclab bench SWEEP.toml ...` means `speclab bench run SWEEP.toml ...`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in _SUBCOMMANDS and args[0] not in ("-h", "--help"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_BenchGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def command() -> None:
+    """Benchmark speculative decoding on a real vLLM engine.
+
+    \b
+    speclab bench SWEEP.toml --out RUN         run (or resume) a sweep
+    speclab bench --preset demo-cpu --out RUN  run a shipped preset (see `speclab bench presets`)
+    speclab bench show RUN                     print the results table
+    """
+
+
+def _int_list(value: str | None, what: str) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{what}: expected comma-separated integers, got {value!r}") from None
+
+
+def _str_list(value: str | None) -> list[str] | None:
+    return None if value is None else [x.strip() for x in value.split(",") if x.strip()]
+
+
+@command.command("run")
+@click.argument("sweep", required=False, type=click.Path(dir_okay=False))
+@click.option("--preset", help="A shipped sweep preset instead of a file (see `speclab bench presets`).")
+@click.option(
+    "--out", "out", type=click.Path(file_okay=False), help="Run directory (default: runs/<sweep name>)."
+)
+@click.option("--num-prompts", type=int, help="Override the sweep's prompt count per cell.")
+@click.option("--max-tokens", type=int, help="Override the sweep's max output tokens.")
+@click.option("--batch-sizes", help="Override the batch sizes, e.g. 1,16.")
+@click.option("--workloads", help="Override the workloads, e.g. offline-math,offline-code-edit.")
+@click.option("--methods", help="Keep only these method entries (labels or names; none is always kept).")
+@click.option("--batching", type=click.Choice(["replicate", "continuous", "both"]), help="Override batching.")
+@click.option(
+    "--enforce-eager/--no-enforce-eager", default=None, help="Skip torch.compile (fast start, slow steps)."
+)
+@click.option("--dry-run", is_flag=True, help="Check the sweep and list its engines and cells; run nothing.")
+@click.option(
+    "--no-progress", is_flag=True, help="No progress bar (one line per finished cell still printed)."
+)
+def run_cmd(
+    sweep: str | None,
+    preset: str | None,
+    out: str | None,
+    num_prompts: int | None,
+    max_tokens: int | None,
+    batch_sizes: str | None,
+    workloads: str | None,
+    methods: str | None,
+    batching: str | None,
+    enforce_eager: bool | None,
+    dry_run: bool,
+    no_progress: bool,
+) -> None:
+    """Run (or resume) a sweep. Completed cells in RUN are skipped."""
+    from speclab.bench.api import default_prompt_provider, load_sweep_source, run_bench
+    from speclab.bench.cells import expand_cells, group_engines
+    from speclab.bench.show import format_run
+
+    if sweep is None and preset is None:
+        raise ConfigError("give a sweep file (speclab bench SWEEP.toml) or --preset NAME")
+    if sweep is not None and preset is not None:
+        raise ConfigError("give either a sweep file or --preset, not both")
+    overrides = {
+        "num_prompts": num_prompts,
+        "max_tokens": max_tokens,
+        "batch_sizes": _int_list(batch_sizes, "--batch-sizes"),
+        "workloads": _str_list(workloads),
+        "batching": ["replicate", "continuous"] if batching == "both" else batching,
+        "engine.enforce_eager": enforce_eager,
+    }
+    spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods))
+    run_dir = out or f"runs/{spec.name}"
+    cells = expand_cells(spec)
+    if dry_run:
+        default_prompt_provider(spec)  # the machine checks (workloads, models, tokenizers); loads no model
+        groups = group_engines(spec, cells)
+        click.echo(f"sweep {spec.name} ({spec.source}): {len(cells)} cells on {len(groups)} engines")
+        for g in groups:
+            e = g.engine
+            click.echo(
+                f"  engine {g.engine_id}: {e.method} k={e.k} {e.dtype} max_num_seqs={e.max_num_seqs} "
+                f"options={e.options or {}}"
+            )
+            for c in g.cells:
+                click.echo(f"    {c.cell_id}")
+        return
+    click.echo(f"sweep {spec.name}: {len(cells)} cells -> {run_dir}", err=True)
+    outcome = run_bench(
+        spec,
+        run_dir,
+        spec_text=text,
+        progress=not no_progress and sys.stderr.isatty(),
+        echo=lambda s: click.echo(s, err=True),
+        command_line="speclab " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+    )
+    click.echo("")
+    click.echo(format_run(run_dir))
+    click.echo("")
+    click.echo(
+        f"{outcome.ok} cell(s) run, {outcome.skipped + outcome.recovered} already done, {outcome.failed} failed; "
+        f"results: {run_dir}/results.jsonl, traces: {run_dir}/traces/, timings: {run_dir}/timings.csv"
+    )
+    if outcome.failed:
+        sys.exit(1)
+
+
+@command.command("show")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the result rows as JSON.")
+def show_cmd(run_dir: str, as_json: bool) -> None:
+    """Print the results table of a run directory."""
+    from speclab.bench.show import format_run, rows_json
+
+    click.echo(rows_json(run_dir) if as_json else format_run(run_dir))
+
+
+@command.command("presets")
+def presets_cmd() -> None:
+    """List the shipped sweep presets."""
+    from speclab.bench.spec import list_presets
+
+    for name, desc in list_presets():
+        click.echo(f"{name:<24} {desc}")

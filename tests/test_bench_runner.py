@@ -1,0 +1,312 @@
+"""The sweep runner against a fake engine worker that honours the worker protocol (no vLLM, seconds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from speclab.bench.api import load_sweep_source
+from speclab.bench.cells import expand_cells
+from speclab.bench.preflight import PromptSet
+from speclab.bench.results import ResultsStore
+from speclab.bench.runner import run_sweep
+from speclab.bench.show import format_run, load_rows
+from speclab.engine.protocol import PromptSpec
+from speclab.traces import read_store
+
+FAKE_WORKER = r"""
+import json, os, signal, sys, time
+from speclab.engine.protocol import (CellResult, MemoryInfo, RequestResult, SpecCounters, TimeSplit,
+                                     append_result, read_job)
+
+args = sys.argv[1:]
+job = read_job(args[args.index("--job") + 1])
+out = args[args.index("--out") + 1]
+log = os.environ.get("FAKE_LOG")
+sleep = float(os.environ.get("FAKE_SLEEP", "0"))
+crash = os.environ.get("FAKE_CRASH_CELL")
+crash_once = os.environ.get("FAKE_CRASH_ONCE")  # a marker file: crash only if it does not exist yet
+lossy = os.environ.get("FAKE_LOSSY_METHOD")
+e = job.engine
+if log:
+    with open(log, "a") as f:
+        f.write(f"start {e.method} max_num_seqs={e.max_num_seqs}\n")
+if job.timings_csv:
+    with open(job.timings_csv, "a") as f:
+        if f.tell() == 0:
+            f.write("kind,kv_tokens,batched_tokens,num_spec_tokens,num_requests,seconds\n")
+        f.write(f"target,10,1,0,1,0.02\n")
+for cell in job.cells:
+    if crash and crash in cell.cell_id and not (crash_once and os.path.exists(crash_once)):
+        if crash_once:
+            open(crash_once, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(sleep)
+    B = cell.batch_size
+    reqs = []
+    n_tokens = 0
+    copies = B if cell.batching == "replicate" else 1
+    for p in cell.prompts:
+        toks = [(sum(p.prompt_token_ids) + i) % 97 for i in range(cell.max_tokens)]
+        if lossy and e.method == lossy:
+            toks[3] = 96 - toks[3]
+        for c in range(copies):
+            acc = drafted = None
+            if e.method != "none":
+                n = (cell.max_tokens - 1) // 3
+                acc = [i % (e.k + 1) for i in range(n)]
+                drafted = [e.k] * n
+            reqs.append(RequestResult(id=p.id, copy=c, prompt_len=len(p.prompt_token_ids),
+                                      output_token_ids=toks, finish_reason="length",
+                                      per_step_accepted=acc, per_step_drafted=drafted))
+            n_tokens += len(toks)
+    # speedup of SD falls with the batch size: 2.0x at B=1 down to ~1.1x at B=16
+    base_rate = 30.0 * B ** 0.6
+    rate = base_rate * (1.0 if e.method == "none" else 1.0 + 1.0 / B ** 0.5)
+    sc = None
+    if e.method != "none":
+        sc = SpecCounters(num_drafts=100, num_draft_tokens=100 * e.k, num_accepted_tokens=150,
+                          accepted_per_pos=[70, 50, 30][: e.k])
+    res = CellResult(cell_id=cell.cell_id, status="ok", output_tokens=n_tokens, elapsed_s=n_tokens / rate,
+                     steps=10, requests=reqs, time_split_s=TimeSplit(propose=0.1, verify=0.7, other=0.2),
+                     memory=MemoryInfo(peak_rss_bytes=10 << 20, weights_bytes=5 << 20, kv_cache_bytes=1 << 20,
+                                       draft_weights_bytes=0 if e.method != "draft_model" else 2 << 20),
+                     spec_counters=sc, engine_info={"startup_s": 0.1})
+    append_result(out, res)
+    if log:
+        with open(log, "a") as f:
+            f.write(f"ran {cell.cell_id}\n")
+"""
+
+SWEEP = """
+name = "fake"
+target = "fake-target"
+dtype = "float32"
+workloads = ["offline-code-edit", "offline-math"]
+batch_sizes = [1, 4, 16]
+batching = "continuous"
+num_prompts = 3
+max_tokens = 16
+seed = 42
+
+[[methods]]
+name = "none"
+
+[[methods]]
+name = "ngram"
+k = 3
+prompt_lookup_min = 2
+prompt_lookup_max = 4
+
+[[methods]]
+name = "draft_model"
+k = 3
+model = "fake-drafter"
+"""
+
+
+def fake_prompts(workload: str) -> PromptSet:
+    cat = {"offline-code-edit": "code-editing", "offline-math": "math"}[workload]
+    prompts = [
+        PromptSpec(id=f"{workload}-p{i}", prompt_token_ids=[1, 2, 3 + i, len(workload)]) for i in range(3)
+    ]
+    return PromptSet(workload=workload, category=cat, prompts=prompts)
+
+
+@pytest.fixture
+def fake_env(tmp_path, monkeypatch):
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER)
+    log = tmp_path / "worker.log"
+    monkeypatch.setenv("SPECLAB_WORKER_CMD", f"{sys.executable} {script}")
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    return log
+
+
+def spec_of(text: str = SWEEP, tmp: Path | None = None):
+    assert tmp is not None
+    f = tmp / "sweep.toml"
+    f.write_text(text)
+    return load_sweep_source(f)
+
+
+def ran(log: Path) -> list[str]:
+    return (
+        [ln.split()[1] for ln in log.read_text().splitlines() if ln.startswith("ran ")]
+        if log.exists()
+        else []
+    )
+
+
+def test_full_sweep_speedup_lossless_traces(tmp_path, fake_env):
+    spec, text = spec_of(tmp=tmp_path)
+    run = tmp_path / "run"
+    out = run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, spec_text=text, poll_s=0.05)
+    assert out.total == 18 and out.ok == 18 and out.failed == 0
+    rows = load_rows(run)
+    assert len(rows) == 18 and all(r["status"] == "ok" for r in rows)
+    # one engine per configuration, baseline first, sized for the largest batch
+    starts = [ln for ln in fake_env.read_text().splitlines() if ln.startswith("start")]
+    assert starts == [f"start {m} max_num_seqs=16" for m in ("none", "ngram", "draft_model")]
+    sd = [r for r in rows if r["method"] != "none"]
+    for r in sd:
+        assert r["lossless"] is True, r["lossless_detail"]
+        assert r["baseline_cell_id"].startswith("none.")
+        assert r["mean_acceptance_length"] == pytest.approx(2.5)
+        assert r["acceptance_rate_per_pos"] == pytest.approx([0.7, 0.5, 0.3])
+    # speedup falls as batch size grows
+    for w in spec.workloads:
+        s = {r["batch_size"]: r["speedup"] for r in sd if r["workload"] == w and r["method"] == "ngram"}
+        assert s[1] == pytest.approx(2.0) and s[1] > s[4] > s[16] > 1.0
+    for r in rows:
+        if r["method"] == "none":
+            assert r["speedup"] == 1.0
+    # traces: one part per cell, token ids and observed per-step arrays
+    recs = read_store(run / "traces")
+    assert len(recs) == 18 * 3
+    ng = [r for r in recs if r.meta.get("observed", {}).get("method") == "ngram"]
+    assert ng and ng[0].methods == {} and ng[0].output_token_ids is not None
+    assert ng[0].meta["observed"]["k"] == 3 and len(ng[0].meta["observed"]["per_step_accepted"]) == 5
+    assert all("observed" not in r.meta for r in recs if r.meta["cell_id"].startswith("none."))
+    # timings merged with one header
+    lines = (run / "timings.csv").read_text().splitlines()
+    assert (
+        lines[0] == "kind,kv_tokens,batched_tokens,num_spec_tokens,num_requests,seconds" and len(lines) == 4
+    )
+    text_out = format_run(run)
+    assert "speedup over no-SD" in text_out and "token-exact vs no-SD: 12/12" in text_out
+
+    # a rerun skips every completed cell and starts no engine
+    before = fake_env.read_text()
+    out2 = run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.05)
+    assert out2.skipped == 18 and out2.ok == 0
+    assert fake_env.read_text() == before
+
+
+def test_replicate_copies_and_lossy_detection(tmp_path, fake_env, monkeypatch):
+    monkeypatch.setenv("FAKE_LOSSY_METHOD", "ngram")
+    spec, _ = spec_of(SWEEP.replace('"continuous"', '"replicate"').replace("[1, 4, 16]", "[1, 4]"), tmp_path)
+    run = tmp_path / "run"
+    run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.05)
+    rows = load_rows(run)
+    b4 = [r for r in rows if r["batch_size"] == 4]
+    assert all(r["copies_identical"] is True for r in b4)
+    assert all(r["num_requests"] == 12 for r in b4)
+    ng = [r for r in rows if r["method"] == "ngram"]
+    assert all(r["lossless"] is False for r in ng)
+    assert "outputs differ" in ng[0]["lossless_detail"] and "position 3" in ng[0]["lossless_detail"]
+    assert all(r["lossless"] is True for r in rows if r["method"] == "draft_model")
+    # traces keep one record per prompt, not per copy
+    assert len(read_store(run / "traces")) == len(rows) * 3
+
+
+def test_crash_fails_only_the_cell_it_hit_and_sweep_goes_on(tmp_path, fake_env, monkeypatch):
+    spec, _ = spec_of(tmp=tmp_path)
+    target = next(c for c in expand_cells(spec) if c.cell_id.startswith("ngram-k3.offline-code-edit.cont.b4"))
+    monkeypatch.setenv("FAKE_CRASH_CELL", target.cell_id)
+    monkeypatch.setenv("FAKE_CRASH_ONCE", str(tmp_path / "crashed"))
+    run = tmp_path / "run"
+    out = run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.05)
+    assert out.failed == 1 and out.ok == 17
+    row = ResultsStore(run).rows[target.cell_id]
+    assert row["status"] == "failed" and "SIGKILL" in row["error"]
+    # the ngram engine was restarted for its remaining cells
+    starts = [ln for ln in fake_env.read_text().splitlines() if ln.startswith("start ngram")]
+    assert len(starts) == 2
+    # rerun: only the failed cell runs
+    n_before = len(ran(fake_env))
+    out2 = run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.05)
+    assert out2.ok == 1 and out2.failed == 0 and ran(fake_env)[n_before:] == [target.cell_id]
+    assert all(r["status"] == "ok" for r in load_rows(run))
+
+
+def test_engine_that_never_starts_fails_its_cells_after_two_tries(tmp_path, fake_env, monkeypatch):
+    bad = tmp_path / "bad_worker.py"
+    bad.write_text("import sys\nprint('RuntimeError: engine could not start')\nsys.exit(3)\n")
+    monkeypatch.setenv("SPECLAB_WORKER_CMD", f"{sys.executable} {bad}")
+    spec, _ = spec_of(SWEEP.replace("[1, 4, 16]", "[1]"), tmp_path)
+    out = run_sweep(spec, tmp_path / "run", fake_prompts, progress=False, echo=lambda s: None, poll_s=0.05)
+    assert out.failed == 6 and out.ok == 0
+    rows = load_rows(tmp_path / "run")
+    assert all("engine could not start" in r["error"] for r in rows)
+    # 3 engines x 2 tries
+    assert len(list((tmp_path / "run" / "engines").glob("*/attempt-*"))) == 6
+
+
+def test_recovers_cells_a_killed_runner_never_recorded(tmp_path, fake_env):
+    spec, _ = spec_of(tmp=tmp_path)
+    run = tmp_path / "run"
+    run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.05)
+    # as if the runner died right after the worker wrote these cells: drop their rows and trace parts
+    store = ResultsStore(run)
+    lost = [cid for cid in list(store.rows) if cid.startswith(("ngram", "none.offline-math"))]
+    for cid in lost:
+        (run / store.rows[cid]["trace_part"]).unlink()
+        del store.rows[cid]
+    store._flush()
+    n_before = len(ran(fake_env))
+    msgs: list[str] = []
+    out = run_sweep(spec, run, fake_prompts, progress=False, echo=msgs.append, poll_s=0.05)
+    assert out.recovered == len(lost) and out.ok == 0
+    assert len(ran(fake_env)) == n_before  # nothing was run again
+    assert any("recovered" in m for m in msgs)
+    rows = load_rows(run)
+    assert len(rows) == 18 and all(r["status"] == "ok" for r in rows)
+    assert len(read_store(run / "traces")) == 18 * 3
+
+
+def test_kill_the_sweep_halfway_and_rerun(tmp_path, fake_env):
+    """SIGKILL the `speclab bench` process mid-sweep: no completed cell is lost, none is run twice."""
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(
+        SWEEP.replace('model = "fake-drafter"', 'model = "fake-drafter"').replace(
+            "num_prompts = 3", "num_prompts = 3"
+        )
+    )
+    driver = tmp_path / "driver.py"
+    # the CLI with the fake prompt provider (no tokenizer needed)
+    driver.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_bench_runner import fake_prompts\n"
+        "from speclab.bench.api import load_sweep_source\n"
+        "from speclab.bench.runner import run_sweep\n"
+        "spec, _ = load_sweep_source(sys.argv[1])\n"
+        "run_sweep(spec, sys.argv[2], fake_prompts, progress=False, poll_s=0.05)\n"
+    )
+    run = tmp_path / "run"
+    env = dict(os.environ, FAKE_SLEEP="0.3")
+    proc = subprocess.Popen([sys.executable, str(driver), str(sweep), str(run)], env=env)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if (run / "results.jsonl").exists() and len((run / "results.jsonl").read_text().splitlines()) >= 8:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(1.0)  # the worker dies with its parent (PR_SET_PDEATHSIG)
+    done_before = {cid for cid, r in ResultsStore(run).rows.items() if r["status"] == "ok"}
+    assert 8 <= len(done_before) < 18
+    ran_before = ran(fake_env)
+    time.sleep(0.5)
+    assert ran(fake_env) == ran_before, "the worker outlived the killed runner"
+    proc2 = subprocess.run(
+        [sys.executable, str(driver), str(sweep), str(run)], env=dict(os.environ), timeout=120
+    )
+    assert proc2.returncode == 0
+    rows = load_rows(run)
+    assert len(rows) == 18 and all(r["status"] == "ok" for r in rows)
+    rerun = ran(fake_env)[len(ran_before) :]
+    assert not set(rerun) & done_before, "a completed cell was run again"
+    # every cell ran to completion at least once; the only cell run twice is the one in flight at the kill
+    assert set(ran(fake_env)) == {r["cell_id"] for r in rows}
+    assert len(ran(fake_env)) - 18 <= 1
+    lines = (run / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 18 and len({json.loads(ln)["cell_id"] for ln in lines}) == 18
