@@ -168,3 +168,29 @@ def test_analyze_on_synthetic_run_and_cli(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     assert "synthetic-code" in res.output
     assert json.loads(out.read_text())["oracle_gap"]["status"] == "skipped"
+
+
+def test_dedupe_same_request_under_several_cells():
+    from speclab.analyze import dedupe
+
+    a = rec("cellA:p1", [1, 2, 3], [1, 1, 2])
+    b = rec("cellB:p1", [1, 2, 3], [1, 1, 2])
+    for r, cell in ((a, "cellA"), (b, "cellB")):
+        r.meta = {"prompt_id": "p1", "cell_id": cell, "target": "t"}
+    c = rec("cellA:p2", [1, 2, 3], [1, 1, 2])
+    c.meta = {"prompt_id": "p2", "target": "t"}
+    kept, dropped = dedupe([a, b, c])
+    assert [r.id for r in kept] == ["cellA:p1", "cellA:p2"] and dropped == 1
+
+
+def test_oracle_gap_with_real_simulator(tmp_path):
+    pytest.importorskip("speclab.simulate", reason="simulator not available")
+    pytest.importorskip("speclab.costmodel", reason="cost models not available")
+    run = write_synthetic_run(tmp_path / "run", n_per_workload=6)
+    a = analyze(None, run=run, max_requests=6)
+    og = a["oracle_gap"]
+    assert og["status"] == "ok", og.get("reason")
+    assert og["cost_model"].startswith("fitted from")
+    for g in og["rows"]:
+        assert g["oracle_combine"] >= 0.98 * g["oracle_best_single"]
+        assert g["best_measured"] is not None and g["sim_best_fixed"] is not None

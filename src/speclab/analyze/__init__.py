@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from speclab.analyze.overlap import bleu4_precision, overlap_vs_advantage
 from speclab.analyze.results import read_results
 from speclab.analyze.tables import format_tables
 from speclab.errors import SpeclabError
-from speclab.traces import read_store
+from speclab.traces import RequestTrace, read_store
 
 SCHEMA = "speclab.analysis/1"
 
@@ -28,6 +29,22 @@ __all__ = [
     "oracle_gap",
     "overlap_vs_advantage",
 ]
+
+
+def dedupe(records: list[RequestTrace]) -> tuple[list[RequestTrace], int]:
+    """One record per (workload, target, prompt, output): a bench stores each prompt once per cell, so a
+    replayed RUN/traces holds the same request under every method and batch size. Returns (kept, dropped)."""
+    seen: set[tuple[Any, ...]] = set()
+    kept = []
+    for r in records:
+        meta = r.meta if isinstance(r.meta, dict) else {}
+        out = None if r.output_token_ids is None else hashlib.sha1(r.output_token_ids.tobytes()).hexdigest()
+        key = (r.workload, meta.get("target"), meta.get("prompt_id", r.id), out, tuple(sorted(r.methods)))
+        if out is not None and key in seen:
+            continue
+        seen.add(key)
+        kept.append(r)
+    return kept, len(records) - len(kept)
 
 
 def analyze(
@@ -52,7 +69,12 @@ def analyze(
     records = read_store(traces)
     if not records:
         raise SpeclabError(f"{traces}: trace store is empty")
-    with_methods = [r for r in records if r.methods]
+    with_methods, n_dup = dedupe([r for r in records if r.methods])
+    if n_dup:
+        warnings.append(
+            f"{n_dup} duplicate record(s) skipped for acceptance statistics (same workload, target, prompt "
+            "and output under several bench cells)"
+        )
     if not with_methods:
         warnings.append(
             f"{traces}: no record has replayed per-position methods (run `speclab trace` first); "
