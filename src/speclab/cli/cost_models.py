@@ -1,0 +1,60 @@
+"""`speclab cost-models list|show|fit`."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group(name="cost-models")
+def command() -> None:
+    """List, show and fit cost models."""
+
+
+@command.command(name="list")
+def list_cmd() -> None:
+    """List preset cost models (one per line: name, description)."""
+    from speclab.costmodel import get_cost_model, list_cost_models
+
+    for name in list_cost_models():
+        click.echo(f"{name}\t{get_cost_model(name).description}")
+
+
+@command.command(name="show")
+@click.argument("name")
+def show_cmd(name: str) -> None:
+    """Print a cost model (preset NAME or a .toml path) as TOML."""
+    from pathlib import Path
+
+    from speclab.costmodel import get_cost_model
+
+    m = get_cost_model(name)
+    click.echo(Path(m.path).read_text() if m.path else m.to_toml(), nl=False)
+
+
+@command.command(name="fit")
+@click.argument("timings", type=click.Path(dir_okay=False))
+@click.option(
+    "--out", "out", required=True, type=click.Path(dir_okay=False), help="Cost model TOML to write."
+)
+@click.option("--name", default=None, help="Model name (default: the CSV's file name).")
+@click.option(
+    "--draft-form",
+    type=click.Choice(["linear", "chained"]),
+    default="linear",
+    show_default=True,
+    help="Form for model proposers (lookup proposers are always a fraction of verify time).",
+)
+def fit_cmd(timings: str, out: str, name: str | None, draft_form: str) -> None:
+    """Fit the study's cost-model form to TIMINGS.csv by least squares."""
+    from speclab.atomic import atomic_write_text
+    from speclab.costmodel.fit import fit_cost_model_report
+
+    model, rep = fit_cost_model_report(timings, name=name, draft_form=draft_form)
+    header = "# fitted by `speclab cost-models fit`; rows and R^2 per kind:\n" + "".join(
+        f"#   {k}: {rep.rows.get(k, 0)} rows" + (f", R^2 {rep.r2[k]:.4f}" if k in rep.r2 else "") + "\n"
+        for k in sorted(rep.rows)
+    )
+    atomic_write_text(out, model.to_toml(header))
+    for n in rep.notes:
+        click.echo(f"note: {n}", err=True)
+    click.echo(f"wrote {out}: " + ", ".join(f"{k} R^2 {v:.4f}" for k, v in sorted(rep.r2.items())))

@@ -1,0 +1,219 @@
+"""`speclab simulate`: predict SD throughput per batch size from traces and a cost model."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import click
+
+from speclab.errors import ConfigError
+
+CSV_FIELDS = [
+    "batch_size",
+    "policy",
+    "speedup",
+    "throughput_tok_s",
+    "baseline_throughput_tok_s",
+    "mean_accepted_len",
+    "verify_s",
+    "propose_s",
+    "overhead_s",
+    "total_time_s",
+    "tokens_rejected",
+    "steps",
+    "output_tokens",
+    "num_requests",
+    "batching",
+    "aggregate",
+]
+
+
+def _rows(results: list) -> list[dict]:
+    rows = []
+    for r in results:
+        d = r.to_dict()
+        split = d.pop("time_split_s")
+        d.pop("notes")
+        d.update({f"{k}_s": v for k, v in split.items()})
+        rows.append({k: d[k] for k in CSV_FIELDS})
+    return rows
+
+
+def _parse_sizes(s: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--batch-sizes {s!r}: expected comma-separated integers like 1,8,16") from None
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f"--batch-sizes {s!r}: need integers >= 1")
+    return sizes
+
+
+def _heuristic(v: str | None) -> str | float | None:
+    if v is None:
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+def _plot(results: list, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from speclab.atomic import atomic_path
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for pol in dict.fromkeys(r.policy for r in results):
+        pts = [(r.batch_size, r.speedup) for r in results if r.policy == pol]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=pol)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("speedup over no SD")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+@click.command(name="simulate")
+@click.option("--traces", "stores", multiple=True, type=click.Path(), help="Trace store (repeatable).")
+@click.option("--workload", "workloads", multiple=True, help="Only requests of this workload (repeatable).")
+@click.option(
+    "--cost-model", default="llama3.1-8b-h100", show_default=True, help="Preset name or .toml path."
+)
+@click.option(
+    "--policy", "policies", multiple=True, help="none | fixed:M:K | oracle:M | oracle-combine:M1,M2 | ..."
+)
+@click.option(
+    "--batching",
+    type=click.Choice(["replicate", "static", "continuous"]),
+    default="continuous",
+    show_default=True,
+)
+@click.option("--batch-sizes", default="1,8,16,32,64,128", show_default=True)
+@click.option(
+    "--aggregate",
+    type=click.Choice(["total", "study"]),
+    default="total",
+    show_default=True,
+    help="total: output tokens / total time. study: the study's 300-request sample and mean-over-batches.",
+)
+@click.option(
+    "--ngram-miss-heuristic",
+    default=None,
+    help="Study guess of n-gram lookup misses where traces lack proposal counts: "
+    "instructcoder|cnn|sharegpt|gsm8k|auto|P (auto = from each request's workload).",
+)
+@click.option(
+    "--combine-draft",
+    type=click.Choice(["auto", "chosen", "ngram"]),
+    default="auto",
+    show_default=True,
+    help="oracle-combine drafting charged as the chosen method, or as n-gram (the study; auto under study).",
+)
+@click.option("--switch-overhead", type=float, default=None, help="Seconds per step with a method switch.")
+@click.option("--sample", type=click.IntRange(min=1), default=None, help="Sample N requests (study's rule).")
+@click.option("--seed", type=int, default=42, show_default=True)
+@click.option("--engine", type=click.Choice(["fast", "reference"]), default="fast", hidden=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON rows instead of a table.")
+@click.option(
+    "--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="Also write rows as CSV."
+)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Speedup PNG.")
+@click.option("--list-policies", is_flag=True, help="Print the registered policy names, one per line.")
+def command(
+    stores: tuple[str, ...],
+    workloads: tuple[str, ...],
+    cost_model: str,
+    policies: tuple[str, ...],
+    batching: str,
+    batch_sizes: str,
+    aggregate: str,
+    ngram_miss_heuristic: str | None,
+    combine_draft: str,
+    switch_overhead: float | None,
+    sample: int | None,
+    seed: int,
+    engine: str,
+    as_json: bool,
+    csv_path: str | None,
+    plot_path: str | None,
+    list_policies: bool,
+) -> None:
+    """Simulate SD throughput from traces and a cost model.
+
+    Example (the study's setting): speclab simulate --traces STORE --cost-model llama3.1-8b-h100
+    --policy oracle-combine:ngram,eagle --batching replicate --aggregate study
+    """
+    from speclab.simulate import list_policies as _list
+    from speclab.simulate import simulate
+
+    if list_policies:
+        for p in _list():
+            click.echo(p.name)
+        return
+    if not stores:
+        raise ConfigError("--traces STORE is required")
+    if not policies:
+        raise ConfigError("give at least one --policy (see --list-policies)")
+    from speclab.traces import read_store
+
+    traces = [r for s in stores for r in read_store(s)]
+    if workloads:
+        traces = [r for r in traces if r.workload in workloads]
+        if not traces:
+            raise ConfigError(f"no requests of workload(s) {', '.join(workloads)} in {', '.join(stores)}")
+    results = simulate(
+        traces,
+        cost_model,
+        list(policies),
+        batching,
+        _parse_sizes(batch_sizes),
+        aggregate=aggregate,
+        seed=seed,
+        ngram_miss_heuristic=_heuristic(ngram_miss_heuristic),
+        combine_draft=combine_draft,
+        switch_overhead=switch_overhead,
+        sample=sample,
+        engine=engine,
+    )
+    for n in results[0].notes if results else []:
+        click.echo(f"note: {n}", err=True)
+    rows = _rows(results)
+    if csv_path:
+        from speclab.atomic import atomic_write_text
+
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+        atomic_write_text(csv_path, buf.getvalue())
+    if plot_path:
+        _plot(
+            results,
+            plot_path,
+            f"{cost_model} | {batching} | aggregate {aggregate} | {results[0].num_requests} req",
+        )
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in results], indent=2))
+        return
+    head = f"{'batch':>5}  {'policy':<30} {'speedup':>8} {'tok/s':>10} {'acc_len':>7} {'verify%':>7} {'propose%':>8} {'ovh%':>5} {'rejected':>10}"
+    click.echo(head)
+    for r in results:
+        tot = sum(r.time_split_s.values()) or 1.0
+        acc = "-" if r.mean_accepted_len is None else f"{r.mean_accepted_len:.2f}"
+        click.echo(
+            f"{r.batch_size:>5}  {r.policy:<30} {r.speedup:>7.2f}x {r.throughput_tok_s:>10.1f} {acc:>7} "
+            f"{100 * r.time_split_s['verify'] / tot:>6.1f}% {100 * r.time_split_s['propose'] / tot:>7.1f}% "
+            f"{100 * r.time_split_s['overhead'] / tot:>4.1f}% {r.tokens_rejected:>10}"
+        )

@@ -1,0 +1,156 @@
+"""`speclab traces import|export|validate|info`: get traces into a store and see what is in it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from speclab.errors import TraceError
+
+
+@click.group(name="traces")
+def command() -> None:
+    """Import, export, validate and inspect trace stores."""
+
+
+@command.command(name="import")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["specdecode-bench", "speclab-jsonl"]),
+    required=True,
+    help="specdecode-bench: the study's JSON Lines; speclab-jsonl: speclab's own export.",
+)
+@click.option("--out", "out", required=True, type=click.Path(), help="Store: a directory or a .parquet file.")
+@click.option(
+    "--workload", default=None, help="Workload name (default: each file's name up to the first dot)."
+)
+@click.option("--category", default=None, help="Study category (default: guessed from the workload name).")
+@click.option("--k-max", type=click.IntRange(min=1), default=20, show_default=True, help="Study traces' k.")
+@click.option("--lenient-lengths", is_flag=True, help="Truncate/pad acc_len arrays whose length differs.")
+@click.option("--append", is_flag=True, help="Add a part to an existing directory store.")
+@click.option("--force", is_flag=True, help="Replace an existing store.")
+def import_cmd(
+    files: tuple[str, ...],
+    fmt: str,
+    out: str,
+    workload: str | None,
+    category: str | None,
+    k_max: int,
+    lenient_lengths: bool,
+    append: bool,
+    force: bool,
+) -> None:
+    """Import trace FILE(s) into the store --out."""
+    from speclab.traces import append_to_store, read_jsonl, read_store, write_store
+    from speclab.traces.importers import import_specdecode_bench
+
+    outp = Path(out)
+    if outp.exists() and not (append or force):
+        raise TraceError(f"{out}: store exists (use --append to add a part, --force to replace)")
+    if append and outp.suffix == ".parquet":
+        raise TraceError(f"{out}: cannot append to a single-file store; use a directory")
+    if fmt == "specdecode-bench":
+        recs, notes = import_specdecode_bench(
+            list(files), workload=workload, category=category, k_max=k_max, lenient_lengths=lenient_lengths
+        )
+    else:
+        recs, notes = [], []
+        for f in files:
+            recs.extend(read_jsonl(f))
+    if append and outp.exists():
+        old = {r.id for r in read_store(outp, validate=False)}
+        dup = next((r.id for r in recs if r.id in old), None)
+        if dup is not None:
+            raise TraceError(f"{out}: record id {dup!r} already in the store (import once, or --force)")
+        append_to_store(outp, recs, tag=Path(files[0]).stem)
+    else:
+        write_store(outp, recs)
+    for n in notes:
+        click.echo(f"note: {n}", err=True)
+    methods = sorted({m for r in recs for m in r.methods})
+    click.echo(
+        f"imported {len(recs)} request(s), {sum(r.output_len for r in recs)} output positions, "
+        f"methods {', '.join(methods)} -> {out}"
+        + ("; proposal counts: unknown (not in the source format)" if fmt == "specdecode-bench" else "")
+    )
+
+
+@command.command(name="export")
+@click.argument("store", type=click.Path())
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="JSON Lines file.")
+def export_cmd(store: str, out: str) -> None:
+    """Export a store to speclab's lossless JSON Lines."""
+    from speclab.traces import export_jsonl, read_store
+
+    recs = read_store(store)
+    export_jsonl(recs, out)
+    click.echo(f"exported {len(recs)} record(s) -> {out}")
+
+
+@command.command(name="validate")
+@click.argument("store", type=click.Path())
+def validate_cmd(store: str) -> None:
+    """Check every record of a store (exit 2 with the first problem)."""
+    from speclab.traces import read_store
+
+    recs = read_store(store, validate=True)
+    ids: dict[str, int] = {}
+    for i, r in enumerate(recs):
+        if r.id in ids:
+            raise TraceError(f"{store}: record {i} (id={r.id!r}): field id: duplicate of record {ids[r.id]}")
+        ids[r.id] = i
+    click.echo(f"ok: {len(recs)} record(s) valid")
+
+
+@command.command(name="info")
+@click.argument("store", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def info_cmd(store: str, as_json: bool) -> None:
+    """Summarise a store: requests and positions per workload, per method acceptance."""
+    from speclab.traces import read_store
+
+    recs = read_store(store)
+    info: dict = {"store": store, "requests": len(recs), "workloads": {}}
+    for wl in sorted({r.workload for r in recs}):
+        rs = [r for r in recs if r.workload == wl]
+        w: dict = {
+            "category": sorted({r.category for r in rs}),
+            "requests": len(rs),
+            "output_positions": int(sum(r.output_len for r in rs)),
+            "mean_prompt_len": float(sum(r.prompt_len for r in rs) / len(rs)),
+            "mean_output_len": float(sum(r.output_len for r in rs) / len(rs)),
+            "methods": {},
+        }
+        for m in sorted({m for r in rs for m in r.methods}):
+            mts = [r.methods[m] for r in rs if m in r.methods]
+            pos = int(sum(len(t.acc_len) for t in mts))
+            tot = float(sum(int(t.acc_len.sum()) for t in mts))
+            known = sum(t.num_proposed is not None for t in mts)
+            w["methods"][m] = {
+                "requests": len(mts),
+                "k_max": sorted({int(t.k_max) for t in mts}),
+                "mean_acc_len_per_position": tot / pos if pos else None,
+                "proposal_counts": "recorded"
+                if known == len(mts)
+                else ("unknown" if known == 0 else "partial"),
+            }
+        info["workloads"][wl] = w
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"{store}: {len(recs)} request(s)")
+    for wl, w in info["workloads"].items():
+        click.echo(
+            f"  {wl} ({', '.join(w['category'])}): {w['requests']} requests, {w['output_positions']} output "
+            f"positions, mean prompt {w['mean_prompt_len']:.1f}, mean output {w['mean_output_len']:.1f}"
+        )
+        for m, d in w["methods"].items():
+            acc = "n/a" if d["mean_acc_len_per_position"] is None else f"{d['mean_acc_len_per_position']:.2f}"
+            click.echo(
+                f"    {m:<12} k_max {','.join(map(str, d['k_max']))}  mean acc_len/position {acc}  "
+                f"proposal counts {d['proposal_counts']}"
+            )

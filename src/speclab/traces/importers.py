@@ -1,0 +1,168 @@
+"""Importers from other trace formats into speclab's RequestTrace.
+
+specdecode-bench: the study's JSON Lines (arXiv 2601.11580), one request per line:
+  {"id": str, "prompt_token_ids": [int], "generated_token_ids": [int],
+   "acc_ngram": {"acc_len": [int]}, "acc_eagle": {"acc_len": [int]}, optional "acc_eagle_three": {...}}
+acc_len[p] = tokens one step starting at output position p would produce when proposing up to k_max=20
+drafts (accepted drafts + bonus, 1..21). The study's traces carry no proposal counts, so num_proposed is
+recorded as unknown (None), never invented.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speclab.errors import TraceError
+from speclab.traces.model import CATEGORIES, KNOWN_METHODS, MethodTrace, RequestTrace
+
+FORMATS = ("specdecode-bench", "speclab-jsonl")
+STUDY_K_MAX = 20
+# study key -> speclab method name
+STUDY_METHOD_KEYS = {
+    "acc_ngram": "ngram",
+    "acc_eagle": "eagle",
+    "acc_eagle_three": "eagle3",
+    "acc_eagle3": "eagle3",
+}
+
+# workload name fragment -> study category
+_CATEGORY_GUESS = {
+    "instructcoder": "code-editing",
+    "code": "code-editing",
+    "cnn": "summarization",
+    "summar": "summarization",
+    "gsm8k": "math",
+    "math": "math",
+    "sharegpt": "chat",
+    "chat": "chat",
+    "aime": "reasoning",
+    "gpqa": "reasoning",
+    "reason": "reasoning",
+}
+
+
+def guess_category(workload: str) -> str:
+    w = workload.lower().replace("_", "").replace("-", "")
+    for frag, cat in _CATEGORY_GUESS.items():
+        if frag in w:
+            return cat
+    return "other"
+
+
+def _method_for_key(key: str) -> str:
+    if key in STUDY_METHOD_KEYS:
+        return STUDY_METHOD_KEYS[key]
+    name = key[len("acc_") :]
+    return name if name in KNOWN_METHODS else f"custom:{name}"
+
+
+def _int_list(v: Any, where: str) -> np.ndarray:
+    if not isinstance(v, list):
+        raise TraceError(f"{where}: expected a list of integers, got {type(v).__name__}")
+    if any(isinstance(x, bool) or not isinstance(x, int) for x in v):
+        bad = next(x for x in v if isinstance(x, bool) or not isinstance(x, int))
+        raise TraceError(f"{where}: expected integers, found {bad!r}")
+    return np.asarray(v, dtype=np.int64)
+
+
+def import_specdecode_bench(
+    paths: list[str | os.PathLike[str]],
+    workload: str | None = None,
+    category: str | None = None,
+    k_max: int = STUDY_K_MAX,
+    lenient_lengths: bool = False,
+) -> tuple[list[RequestTrace], list[str]]:
+    """Read study JSONL files. Returns (records, notes). Bad input raises TraceError naming file, line, field.
+
+    lenient_lengths: where an acc_len array's length differs from generated_token_ids, truncate it or pad it
+    with 1 (no acceptance) instead of failing; every such fix is counted in meta and in the notes."""
+    if category is not None and category not in CATEGORIES:
+        raise TraceError(f"--category {category!r} not one of {', '.join(CATEGORIES)}")
+    records: list[RequestTrace] = []
+    notes: list[str] = []
+    seen: dict[str, str] = {}
+    for path in paths:
+        path = Path(path)
+        wl = workload or path.name.split(".")[0]
+        cat = category or guess_category(wl)
+        adjusted = 0
+        try:
+            fh = open(path)  # noqa: SIM115 (closed below; errors reported with the file name)
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
+        with fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}: line {lineno}"
+                try:
+                    d = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TraceError(f"{where}: not valid JSON ({exc.msg}; truncated file?)") from None
+                if not isinstance(d, dict):
+                    raise TraceError(f"{where}: expected a JSON object per line, got {type(d).__name__}")
+                if "id" not in d:
+                    raise TraceError(f"{where}: field id: missing")
+                rid = d["id"]
+                if isinstance(rid, bool) or not isinstance(rid, str | int) or rid == "":
+                    raise TraceError(f"{where}: field id: expected a non-empty string, got {rid!r}")
+                rid = str(rid)
+                where = f"{where} (id={rid!r})"
+                if rid in seen:
+                    raise TraceError(f"{where}: field id: duplicate (first at {seen[rid]})")
+                seen[rid] = f"{path}: line {lineno}"
+                for key in ("prompt_token_ids", "generated_token_ids"):
+                    if key not in d:
+                        raise TraceError(f"{where}: field {key}: missing")
+                prompt = _int_list(d["prompt_token_ids"], f"{where}: field prompt_token_ids")
+                gen = _int_list(d["generated_token_ids"], f"{where}: field generated_token_ids")
+                methods: dict[str, MethodTrace] = {}
+                for key in sorted(k for k in d if k.startswith("acc_")):
+                    v = d[key]
+                    if not isinstance(v, dict) or "acc_len" not in v:
+                        raise TraceError(f"{where}: field {key}: expected an object with acc_len")
+                    acc = _int_list(v["acc_len"], f"{where}: field {key}.acc_len")
+                    if len(acc) != len(gen):
+                        if not lenient_lengths:
+                            raise TraceError(
+                                f"{where}: field {key}.acc_len: has {len(acc)} entries but generated_token_ids "
+                                f"has {len(gen)} (one per output position expected; --lenient-lengths to "
+                                "truncate/pad)"
+                            )
+                        acc = np.concatenate(
+                            [acc[: len(gen)], np.ones(max(0, len(gen) - len(acc)), np.int64)]
+                        )
+                        adjusted += 1
+                    if len(acc) and (acc.min() < 1 or acc.max() > k_max + 1):
+                        p = int(np.flatnonzero((acc < 1) | (acc > k_max + 1))[0])
+                        raise TraceError(
+                            f"{where}: field {key}.acc_len: value {int(acc[p])} at position {p} out of range "
+                            f"1..{k_max + 1} (k_max={k_max})"
+                        )
+                    methods[_method_for_key(key)] = MethodTrace(k_max=k_max, acc_len=acc, num_proposed=None)
+                if not methods:
+                    raise TraceError(f"{where}: field acc_ngram/acc_eagle: no acc_* field found")
+                meta: dict[str, Any] = {"source": "specdecode-bench", "file": path.name, "line": lineno}
+                rec = RequestTrace(
+                    id=rid,
+                    workload=wl,
+                    category=cat,
+                    prompt_len=len(prompt),
+                    output_len=len(gen),
+                    methods=methods,
+                    prompt_token_ids=prompt,
+                    output_token_ids=gen,
+                    meta=meta,
+                )
+                rec.validate(where)
+                records.append(rec)
+        if adjusted:
+            notes.append(f"{path}: {adjusted} acc_len array(s) truncated/padded to generated length")
+    if not records:
+        raise TraceError(f"{', '.join(map(str, paths))}: no records found")
+    return records, notes
