@@ -104,8 +104,9 @@ def run_cmd(
     spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods))
     run_dir = out or f"runs/{spec.name}"
     cells = expand_cells(spec)
+    # the machine checks (workloads, models, drafter tokenizers): one line on failure, before any model loads
+    provider = default_prompt_provider(spec)
     if dry_run:
-        default_prompt_provider(spec)  # the machine checks (workloads, models, tokenizers); loads no model
         groups = group_engines(spec, cells)
         click.echo(f"sweep {spec.name} ({spec.source}): {len(cells)} cells on {len(groups)} engines")
         for g in groups:
@@ -122,6 +123,7 @@ def run_cmd(
         spec,
         run_dir,
         spec_text=text,
+        prompt_provider=provider,
         progress=not no_progress and sys.stderr.isatty(),
         echo=lambda s: click.echo(s, err=True),
         command_line="speclab " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
