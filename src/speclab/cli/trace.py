@@ -1,0 +1,215 @@
+"""`speclab trace`: replay per-position acceptance for each method, and cross-check against engine runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from speclab.errors import ConfigError
+
+_METHODS_HELP = "Comma list of methods to replay: ngram, suffix, draft_model (eagle: not available)."
+
+
+def _method_options(
+    ngram_min: int,
+    ngram_max: int,
+    max_model_len: int | None,
+    suffix_opts: dict[str, Any],
+    draft_model: str | None,
+    threads: int | None,
+) -> dict[str, dict[str, Any]]:
+    opts: dict[str, dict[str, Any]] = {
+        "ngram": {"min_n": ngram_min, "max_n": ngram_max, "max_model_len": max_model_len},
+        "suffix": dict(suffix_opts),
+        "draft_model": {"max_model_len": max_model_len, "threads": threads},
+    }
+    if draft_model:
+        from speclab.models.prepare import resolve_model
+
+        opts["draft_model"]["model"] = str(resolve_model(draft_model))
+    return opts
+
+
+def _progress(desc: str):
+    from tqdm import tqdm
+
+    return lambda it: tqdm(it, desc=desc, unit="req", file=sys.stderr, disable=None)
+
+
+@click.group(name="trace", invoke_without_command=True)
+@click.option("--from", "source", type=click.Path(exists=True), help="Trace store, bench RUN dir or JSONL.")
+@click.option(
+    "--workload", default=None, help="Generate outputs on the spot for this workload (needs --target)."
+)
+@click.option("--target", default=None, help="Target model (preset name or checkpoint) for --workload.")
+@click.option("--limit", default=20, show_default=True, help="Prompts of --workload to generate.")
+@click.option(
+    "--max-tokens", default=256, show_default=True, help="Output tokens per request for --workload."
+)
+@click.option("--methods", default="ngram,suffix", show_default=True, help=_METHODS_HELP)
+@click.option("--k-max", default=20, show_default=True, help="Longest proposal replayed per position.")
+@click.option("--out", "out", type=click.Path(), help="Output store (.parquet file, directory, or .jsonl).")
+@click.option("--ngram-min", default=3, show_default=True, help="n-gram prompt_lookup_min.")
+@click.option("--ngram-max", default=7, show_default=True, help="n-gram prompt_lookup_max.")
+@click.option("--suffix-max-depth", default=32, show_default=True)
+@click.option("--suffix-max-match", default=12, show_default=True)
+@click.option("--suffix-min-prob", default=0.1, show_default=True)
+@click.option("--suffix-spec-factor", default=2.0, show_default=True)
+@click.option("--suffix-no-global", is_flag=True, help="Suffix: only the request's own text, no global trie.")
+@click.option("--draft-model", default=None, help="Draft checkpoint (preset name or path) for draft_model.")
+@click.option("--max-model-len", default=None, type=int, help="Cap proposals like an engine with this limit.")
+@click.option("--threads", default=None, type=int, help="torch threads for draft_model (default: torch's).")
+@click.pass_context
+def command(
+    ctx: click.Context,
+    source: str | None,
+    workload: str | None,
+    target: str | None,
+    limit: int,
+    max_tokens: int,
+    methods: str,
+    k_max: int,
+    out: str | None,
+    ngram_min: int,
+    ngram_max: int,
+    suffix_max_depth: int,
+    suffix_max_match: int,
+    suffix_min_prob: float,
+    suffix_spec_factor: float,
+    suffix_no_global: bool,
+    draft_model: str | None,
+    max_model_len: int | None,
+    threads: int | None,
+) -> None:
+    """Replay tracing: for every output position and method, the proposal the method would make from
+    prompt + output[:p] (up to --k-max tokens), its length and the acceptance length.
+
+    \b
+    speclab trace --from RUN_OR_STORE --methods ngram,suffix --out traced.parquet
+    speclab trace --workload offline-code-edit --target smollm2-135m --limit 10 --out t.parquet
+    speclab trace crosscheck RUN            (replay vs what vLLM accepted, per method)
+    """
+    ctx.ensure_object(dict)
+    ctx.obj.update(
+        opts=dict(
+            ngram_min=ngram_min,
+            ngram_max=ngram_max,
+            max_model_len=max_model_len,
+            suffix_opts=dict(
+                max_depth=suffix_max_depth,
+                max_match=suffix_max_match,
+                min_prob=suffix_min_prob,
+                spec_factor=suffix_spec_factor,
+                use_global=not suffix_no_global,
+            ),
+            draft_model=draft_model,
+            threads=threads,
+        )
+    )
+    if ctx.invoked_subcommand is not None:
+        return
+    from speclab.trace.replay import load_records, replay_records
+    from speclab.traces import check_method_name
+
+    if bool(source) == bool(workload):
+        raise click.UsageError("give exactly one of --from STORE_OR_RUN or --workload NAME (with --target)")
+    if not out:
+        raise click.UsageError("--out is required")
+    if k_max < 1:
+        raise ConfigError("--k-max must be >= 1")
+    mlist = [m.strip() for m in methods.split(",") if m.strip()]
+    for m in mlist:
+        check_method_name(m)
+    options = _method_options(**ctx.obj["opts"])
+    if source:
+        records = load_records(source)
+    else:
+        if not target:
+            raise click.UsageError("--workload needs --target (the model whose greedy outputs are replayed)")
+        from speclab.trace.generate import generate_records
+
+        records = generate_records(workload, target, limit=limit, max_tokens=max_tokens, threads=threads)
+    with_ids = [r for r in records if r.prompt_token_ids is not None and r.output_token_ids is not None]
+    if not with_ids:
+        raise ConfigError(
+            f"{source or workload}: no record carries prompt and output token ids; nothing to replay"
+        )
+    traced = replay_records(
+        records, mlist, k_max, options, progress=_progress("replay"), skip_missing_ids=True
+    )
+    _write(out, traced)
+    skipped = len(records) - len(with_ids)
+    click.echo(
+        f"replayed {len(with_ids)} requests x {', '.join(mlist)} (k_max {k_max}) -> {out}"
+        + (f"; {skipped} records without token ids passed through unchanged" if skipped else "")
+    )
+    for m in mlist:
+        accs = [r.methods[m].acc_len[1:] for r in with_ids if m in r.methods and r.output_len > 1]
+        if accs:
+            import numpy as np
+
+            a = np.concatenate(accs)
+            hit = np.concatenate([r.methods[m].num_proposed[1:] > 0 for r in with_ids if r.output_len > 1])
+            click.echo(
+                f"  {m:12s} mean acc_len {a.mean():.3f}  proposal rate {hit.mean():.3f}  positions {len(a)}"
+            )
+
+
+def _write(out: str, records: list) -> None:
+    from speclab.traces import export_jsonl, write_store
+
+    if out.endswith(".jsonl"):
+        export_jsonl(records, out)
+    else:
+        write_store(out, records)
+
+
+@command.command(name="crosscheck")
+@click.argument("run", type=click.Path(exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--out", "out", type=click.Path(dir_okay=False), help="Write summary + mismatches as JSON here."
+)
+@click.option("--show", default=5, show_default=True, help="Mismatches to print.")
+@click.pass_context
+def crosscheck(ctx: click.Context, run: str, as_json: bool, out: str | None, show: int) -> None:
+    """Replay vs engine: walk the replayed trace the way vLLM steps (skipping accepted positions) and
+    compare with each request's observed per-step accepted/drafted counts; agreement per method."""
+    from speclab.atomic import atomic_write_text
+    from speclab.trace.crosscheck import crosscheck_records
+    from speclab.trace.replay import load_records
+    from speclab.trace.runs import make_run_replay_fn
+
+    opts = ctx.obj["opts"]
+    records = load_records(run)
+    replay_fn, skipped = make_run_replay_fn(Path(run), opts)
+    res = crosscheck_records(records, replay_fn, max_model_len=opts["max_model_len"])
+    summary = res.summary()
+    payload = {
+        "run": str(run),
+        "summary": summary,
+        "skipped_methods": skipped,
+        "mismatches": [vars(m) for m in res.mismatches()],
+        "explained": [vars(m) for m in res.per_request if m.status in ("output_end", "max_model_len")],
+    }
+    if out:
+        atomic_write_text(out, json.dumps(payload, indent=2) + "\n")
+    if as_json:
+        click.echo(json.dumps(payload, indent=2))
+        return
+    if not summary:
+        click.echo(f"{run}: no records with meta['observed'] for a replayable method")
+    for m, s in summary.items():
+        click.echo(
+            f"{m:28s} requests {s['requests']:4d}  agree {s['agree']:4d}  output_end {s['output_end']:3d}  "
+            f"max_model_len {s['max_model_len']:3d}  mismatch {s['mismatch']:3d}  "
+            f"agreement {100 * s['agreement_rate']:.1f}%  steps {s['steps_matched']}/{s['steps_observed']}"
+        )
+    for name, why in skipped.items():
+        click.echo(f"{name:28s} skipped: {why}")
+    for m in res.mismatches()[:show]:
+        click.echo(f"  mismatch {m.id} ({m.method}, k={m.k}): {m.first_diff}")

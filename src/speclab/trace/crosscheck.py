@@ -1,0 +1,146 @@
+"""Cross-check replayed traces against what vLLM observed in a bench run.
+
+The engine does not step through every position: after prefill (which produces output[0]) it proposes at
+position 1, and each step jumps over the tokens it accepted. So the replayed trace is walked the way the
+engine walks (`expected_engine_steps`) and the resulting (accepted, drafted) sequence is compared with
+meta["observed"] (vLLM's per-request detailed spec-decode metrics: per_step_accepted / per_step_drafted;
+steps where nothing was proposed are absent there, and absent here too).
+
+Known, explainable differences (classified, not hidden):
+- "output_end": the last step reaches the end of the recorded output (max_tokens or EOS). vLLM counts
+  accepted drafts before truncating the output, so it may have accepted tokens the trace does not contain;
+  the replay can only say "at least". Counted as agreement when the observed value is >= the replayed one
+  there and everything before it matched exactly.
+- "max_model_len": the step lies where prompt + position + k exceeds the run's max_model_len; vLLM then
+  skips or trims drafting (for the whole batch), which a per-request replay does not model.
+Anything else is "mismatch": a bug to explain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from speclab.traces import RequestTrace
+
+
+def expected_engine_steps(
+    acc_len: np.ndarray, num_proposed: np.ndarray, k: int, start: int = 1
+) -> list[tuple[int, int, int]]:
+    """Walk a replayed trace like the engine: [(position, accepted, drafted)] for steps with a proposal."""
+    n = len(acc_len)
+    steps: list[tuple[int, int, int]] = []
+    p = start
+    while p < n:
+        d = min(int(num_proposed[p]), k)
+        if d == 0:
+            p += 1  # a plain decode step; vLLM records no spec entry for it
+            continue
+        a = min(int(acc_len[p]) - 1, d)
+        steps.append((p, a, d))
+        p += a + 1
+    return steps
+
+
+@dataclass
+class RequestCheck:
+    id: str
+    method: str
+    k: int
+    status: str  # "agree" | "output_end" | "max_model_len" | "mismatch"
+    steps_expected: int
+    steps_observed: int
+    steps_matched: int  # equal entries before the first difference
+    first_diff: dict[str, Any] | None = None
+
+
+@dataclass
+class CrossCheckResult:
+    per_request: list[RequestCheck] = field(default_factory=list)
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for rc in self.per_request:
+            s = out.setdefault(
+                rc.method,
+                {"requests": 0, "agree": 0, "output_end": 0, "max_model_len": 0, "mismatch": 0,
+                 "steps_observed": 0, "steps_matched": 0},
+            )  # fmt: skip
+            s["requests"] += 1
+            s[rc.status] += 1
+            s["steps_observed"] += rc.steps_observed
+            s["steps_matched"] += rc.steps_matched
+        for s in out.values():
+            ok = s["agree"] + s["output_end"]
+            s["agreement_rate"] = ok / s["requests"] if s["requests"] else float("nan")
+            s["step_agreement_rate"] = (
+                s["steps_matched"] / s["steps_observed"] if s["steps_observed"] else float("nan")
+            )
+        return out
+
+    def mismatches(self) -> list[RequestCheck]:
+        return [r for r in self.per_request if r.status == "mismatch"]
+
+
+def check_request(
+    rec: RequestTrace, acc_len: np.ndarray, num_proposed: np.ndarray, method: str, k: int,
+    observed: dict[str, Any], max_model_len: int | None = None,
+) -> RequestCheck:  # fmt: skip
+    exp = expected_engine_steps(acc_len, num_proposed, k)
+    obs_a = [int(v) for v in observed.get("per_step_accepted") or []]
+    obs_d = [int(v) for v in observed.get("per_step_drafted") or []]
+    n = rec.output_len
+    m = 0
+    while m < len(exp) and m < len(obs_a) and exp[m][1] == obs_a[m] and exp[m][2] == obs_d[m]:
+        m += 1
+    rc = RequestCheck(rec.id, method, k, "agree", len(exp), len(obs_a), m)
+    if m == len(exp) == len(obs_a):
+        return rc
+    diff: dict[str, Any] = {"step": m}
+    if m < len(exp):
+        p, a, d = exp[m]
+        diff.update(position=p, expected_accepted=a, expected_drafted=d)
+    if m < len(obs_a):
+        diff.update(observed_accepted=obs_a[m], observed_drafted=obs_d[m])
+    rc.first_diff = diff
+    if m < len(exp) and m < len(obs_a):
+        p, a, d = exp[m]
+        last = m == len(exp) - 1 == len(obs_a) - 1
+        if last and p + a + 1 >= n and obs_d[m] == d and obs_a[m] >= a:
+            rc.status = "output_end"
+            rc.steps_matched += 1
+            return rc
+        if max_model_len is not None and rec.prompt_len + p + k > max_model_len:
+            rc.status = "max_model_len"
+            return rc
+    rc.status = "mismatch"
+    return rc
+
+
+ReplayFn = Callable[[RequestTrace, str, int, dict[str, Any]], tuple[np.ndarray, np.ndarray] | None]
+
+
+def crosscheck_records(
+    records: list[RequestTrace],
+    replay_fn: ReplayFn,
+    max_model_len: int | None = None,
+) -> CrossCheckResult:
+    """For every record with meta["observed"], get the replayed (acc_len, num_proposed) for the observed
+    method at the run's k from `replay_fn(rec, method, k, observed)` (None = cannot replay; skipped) and
+    compare the engine walk with what was observed."""
+    res = CrossCheckResult()
+    for rec in records:
+        obs = rec.meta.get("observed")
+        if not obs or rec.output_token_ids is None:
+            continue
+        method, k = str(obs["method"]), int(obs["k"])
+        got = replay_fn(rec, method, k, obs)
+        if got is None:
+            continue
+        acc, nprop = got
+        mml = obs.get("max_model_len", rec.meta.get("max_model_len", max_model_len))
+        res.per_request.append(check_request(rec, acc, nprop, method, k, obs, mml))
+    return res

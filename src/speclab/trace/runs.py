@@ -1,0 +1,97 @@
+"""Map a bench run's observed methods to the speclab proposer (and options) that replays them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speclab.methods import make_proposer
+from speclab.traces import RequestTrace
+
+
+def _rows_by_cell(run: Path) -> dict[str, dict[str, Any]]:
+    path = run / "results.jsonl" if run.is_dir() else None
+    rows: dict[str, dict[str, Any]] = {}
+    if path is None or not path.exists():
+        return rows
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "cell_id" in row:
+            rows[str(row["cell_id"])] = row
+    return rows
+
+
+def replay_spec(
+    method: str, engine_options: dict[str, Any], cli: dict[str, Any]
+) -> tuple[str, dict[str, Any]] | str:
+    """(speclab method, proposer options) that reproduces an observed engine method, or a reason why
+    it cannot be replayed."""
+    if method in ("ngram", "custom:SpeclabNgramProposer"):
+        lo = engine_options.get("prompt_lookup_min", engine_options.get("min_n"))
+        hi = engine_options.get("prompt_lookup_max", engine_options.get("max_n"))
+        if lo is None and hi is None:
+            lo, hi = cli["ngram_min"], cli["ngram_max"]
+        lo = hi if lo is None else lo  # vLLM fills a missing bound from the other one
+        hi = lo if hi is None else hi
+        return "ngram", {"min_n": int(lo), "max_n": int(hi), "max_model_len": cli.get("max_model_len")}
+    if method == "custom:SpeclabSuffixProposer":
+        opts = {"use_global": False}
+        opts.update({k: v for k, v in engine_options.items() if k in ("max_depth", "max_match", "min_prob",
+                                                                       "spec_factor", "use_global")})  # fmt: skip
+        return "suffix", opts
+    if method == "suffix":
+        return (
+            "vLLM's suffix method is arctic-inference's algorithm, not speclab's suffix trie: not comparable"
+        )
+    if method == "draft_model":
+        model = engine_options.get("model") or cli.get("draft_model")
+        if not model:
+            return "no draft checkpoint recorded (pass --draft-model)"
+        try:
+            from speclab.models.prepare import resolve_model
+
+            path = str(resolve_model(model, prepare=False))
+        except Exception as exc:  # noqa: BLE001 - reported as a skip reason
+            return f"draft checkpoint {model!r} unavailable here ({exc})"
+        return "draft_model", {
+            "model": path,
+            "max_model_len": cli.get("max_model_len"),
+            "threads": cli.get("threads"),
+        }
+    return f"no speclab replay for {method!r}"
+
+
+def make_run_replay_fn(run: Path, cli: dict[str, Any]):
+    """A replay_fn for crosscheck_records, plus {method: reason} for methods it cannot replay."""
+    rows = _rows_by_cell(run)
+    proposers: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+
+    def fn(rec: RequestTrace, method: str, k: int, observed: dict[str, Any]):
+        row = rows.get(str(rec.meta.get("cell_id")), {})
+        eopts = dict(row.get("method_options") or {})
+        eopts.update(observed.get("options") or {})
+        spec = replay_spec(method, eopts, cli)
+        if isinstance(spec, str):
+            skipped[method] = spec
+            return None
+        name, opts = spec
+        okey = json.dumps([name, opts], sort_keys=True, default=str)
+        if okey not in proposers:
+            proposers[okey] = make_proposer(name, **opts)
+        ck = (okey + f"|{k}", rec.id)
+        if ck not in cache:
+            cache[ck] = proposers[okey].replay(rec.prompt_token_ids, rec.output_token_ids, k)
+        return cache[ck]
+
+    return fn, skipped

@@ -1,0 +1,129 @@
+"""Cross-check logic and the vLLM custom_class adapters, against a simulated engine loop (no vLLM)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from speclab.methods.ngram import NgramProposer
+from speclab.methods.suffix import SuffixSpeculator
+from speclab.methods.vllm_custom import OPTIONS_ENV, SpeclabNgramProposer, SpeclabSuffixProposer
+from speclab.trace.crosscheck import check_request, crosscheck_records, expected_engine_steps
+from speclab.traces import RequestTrace
+
+
+def _config(k: int, max_model_len: int = 4096) -> SimpleNamespace:
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        model_config=SimpleNamespace(max_model_len=max_model_len),
+    )
+
+
+def simulate_engine(adapter, prompts, outputs, width: int = 4096):
+    """Greedy engine loop over several concurrent requests with known target outputs. Returns per request
+    (per_step_accepted, per_step_drafted) as vLLM's detailed metrics would report them."""
+    n_req = len(prompts)
+    pos = [1] * n_req  # output[0] came from prefill
+    acc: list[list[int]] = [[] for _ in range(n_req)]
+    drf: list[list[int]] = [[] for _ in range(n_req)]
+    sampled = [[int(o[0])] for o in outputs]
+    while True:
+        rows = [i for i in range(n_req) if pos[i] < len(outputs[i])]
+        if not rows:
+            break
+        buf = np.zeros((len(rows), width), dtype=np.int32)
+        ntok = np.zeros(len(rows), dtype=np.int32)
+        for r, i in enumerate(rows):
+            ctx = np.concatenate([prompts[i], outputs[i][: pos[i]]])
+            buf[r, : len(ctx)] = ctx
+            ntok[r] = len(ctx)
+        drafts = adapter.propose([sampled[i] for i in rows], ntok, buf)
+        for r, i in enumerate(rows):
+            d = drafts[r]
+            tgt = outputs[i][pos[i] :]
+            a = 0
+            while a < len(d) and a < len(tgt) and d[a] == tgt[a]:
+                a += 1
+            if d:
+                acc[i].append(a)
+                drf[i].append(len(d))
+            new = tgt[: a + 1]
+            sampled[i] = [int(t) for t in new]
+            pos[i] += len(new)
+    return acc, drf
+
+
+def _data(seed: int, n_req: int = 3):
+    rng = np.random.default_rng(seed)
+    prompts, outputs = [], []
+    for _ in range(n_req):
+        base = rng.integers(0, 6, size=40)
+        prompts.append(base)
+        # outputs copy stretches of the prompt, so lookups hit and miss
+        out = np.concatenate([base[5:25], rng.integers(0, 6, size=15), base[10:30]])
+        outputs.append(out)
+    return prompts, outputs
+
+
+def test_expected_steps_walk() -> None:
+    acc = np.array([1, 3, 1, 1, 2, 1, 1])
+    nprop = np.array([0, 4, 2, 0, 2, 0, 1])
+    # p=1: accept 2 -> p=4: accept 1 -> p=6: accept 0 (drafted 1) -> end
+    assert expected_engine_steps(acc, nprop, k=4) == [(1, 2, 4), (4, 1, 2), (6, 0, 1)]
+    # cap at k=1: p=1 accepts 1 of 1 -> p=3 no proposal -> p=4 accepts 1 -> p=6
+    assert expected_engine_steps(acc, nprop, k=1) == [(1, 1, 1), (4, 1, 1), (6, 0, 1)]
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_ngram_adapter_agrees_with_replay(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(OPTIONS_ENV, json.dumps({"min_n": 2, "max_n": 4}))
+    prompts, outputs = _data(k)
+    adapter = SpeclabNgramProposer(_config(k))
+    obs_a, obs_d = simulate_engine(adapter, prompts, outputs)
+    prop = NgramProposer(min_n=2, max_n=4)
+    for i in range(len(prompts)):
+        acc, nprop = prop.replay(prompts[i], outputs[i], 20)
+        rec = RequestTrace(f"r{i}", "w", "other", len(prompts[i]), len(outputs[i]),
+                           prompt_token_ids=prompts[i], output_token_ids=outputs[i])  # fmt: skip
+        obs = {"method": "ngram", "k": k, "per_step_accepted": obs_a[i], "per_step_drafted": obs_d[i]}
+        rc = check_request(rec, acc, nprop, "ngram", k, obs)
+        assert rc.status in ("agree", "output_end"), vars(rc)
+        assert len(obs_a[i]) > 0
+
+
+def test_suffix_adapter_agrees_with_replay() -> None:
+    k = 5
+    prompts, outputs = _data(11)
+    adapter = SpeclabSuffixProposer(_config(k))  # use_global false by default live
+    obs_a, obs_d = simulate_engine(adapter, prompts, outputs)
+    spec = SuffixSpeculator(use_global=False)
+    for i in range(len(prompts)):
+        acc, nprop = spec.replay(prompts[i], outputs[i], k)
+        exp = expected_engine_steps(acc, nprop, k)
+        # the simulated engine knows the whole output, so nothing is censored: all steps must be equal
+        assert [e[1] for e in exp] == obs_a[i]
+        assert [e[2] for e in exp] == obs_d[i]
+
+
+def test_crosscheck_classifies_mismatch_and_output_end() -> None:
+    prompt = np.array([1, 2, 3, 4, 1, 2, 3, 4, 1, 2])
+    output = np.array([3, 4, 1, 2, 3])
+    rec = RequestTrace(
+        "r", "w", "other", len(prompt), len(output), prompt_token_ids=prompt, output_token_ids=output
+    )
+    acc, nprop = NgramProposer(min_n=2, max_n=3).replay(prompt, output, 4)
+    exp = expected_engine_steps(acc, nprop, 4)
+    assert len(exp) == 1 and exp[0][0] == 1
+    p, a, d = exp[0]
+    fn = lambda r, m, k, o: (acc, nprop)  # noqa: E731
+    # engine accepted more at the last step (tokens past the recorded end): explained
+    rec.meta["observed"] = {"method": "ngram", "k": 4, "per_step_accepted": [a + 1], "per_step_drafted": [d]}
+    res = crosscheck_records([rec], fn)
+    assert res.per_request[0].status == "output_end"
+    rec.meta["observed"] = {"method": "ngram", "k": 4, "per_step_accepted": [a], "per_step_drafted": [d + 1]}
+    res = crosscheck_records([rec], fn)
+    assert res.per_request[0].status == "mismatch"
+    assert res.summary()["ngram"]["agreement_rate"] == 0.0

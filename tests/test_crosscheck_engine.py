@@ -1,0 +1,150 @@
+"""Live cross-check: run vLLM (fp32, greedy) with n-gram speculation, built-in and through speclab's
+custom_class adapter, then check that replay predicts every observed step (CONTRACTS: engine test).
+
+Also a script: `python tests/test_crosscheck_engine.py --run-dir RUN --method ngram|custom-ngram|custom-suffix`
+writes a minimal bench-like run (RUN/results.jsonl + RUN/traces/part-*.parquet with meta["observed"]) that
+`speclab trace crosscheck RUN` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ENGINE_METHODS = {
+    "ngram": ("ngram", {"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 7}),
+    "custom-ngram": (
+        "custom:SpeclabNgramProposer",
+        {"method": "custom_class", "model": "speclab.methods.vllm_custom.SpeclabNgramProposer"},
+    ),
+    "custom-suffix": (
+        "custom:SpeclabSuffixProposer",
+        {"method": "custom_class", "model": "speclab.methods.vllm_custom.SpeclabSuffixProposer"},
+    ),
+}
+
+
+def run_engine(run_dir: Path, method: str, workload: str, limit: int, max_tokens: int, k: int) -> None:
+    from vllm import LLM, SamplingParams
+
+    from speclab.models.prepare import resolve_model
+    from speclab.traces import RequestTrace, append_to_store
+    from speclab.workloads import load_workload, render_prompt
+
+    target = str(resolve_model("smollm2-135m", prepare=False))
+    trace_name, spec = ENGINE_METHODS[method]
+    spec = {**spec, "num_speculative_tokens": k}
+    os.environ["SPECLAB_PROPOSER_OPTIONS"] = json.dumps({"min_n": 3, "max_n": 7})
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target)
+    prompts = load_workload(workload, limit=limit)
+    ids = [render_prompt(p, tok, max_prompt_tokens=768)[0] for p in prompts]
+    llm = LLM(
+        model=target,
+        dtype="float32",
+        max_model_len=2048,
+        enforce_eager=True,
+        seed=0,
+        distributed_executor_backend="uni",
+        speculative_config=spec,
+        per_request_spec_decode_metrics="detailed",
+        disable_log_stats=False,
+        max_num_seqs=8,
+    )
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    outs = llm.generate([{"prompt_token_ids": i} for i in ids], sp, use_tqdm=False)
+    cell_id = f"{method}-k{k}-{workload}"
+    recs = []
+    for pr, pid, o in zip(prompts, ids, outs, strict=True):
+        m = o.outputs[0].spec_decode_metrics.to_dict()
+        out_ids = list(o.outputs[0].token_ids)
+        recs.append(
+            RequestTrace(
+                id=f"{cell_id}:{pr.id}",
+                workload=pr.workload,
+                category=pr.category,
+                prompt_len=len(pid),
+                output_len=len(out_ids),
+                prompt_token_ids=pid,
+                output_token_ids=out_ids,
+                meta={
+                    "cell_id": cell_id,
+                    "finish_reason": o.outputs[0].finish_reason,
+                    "observed": {
+                        "method": trace_name,
+                        "k": k,
+                        "per_step_accepted": list(m["per_step_accepted"]),
+                        "per_step_drafted": list(m["per_step_drafted"]),
+                    },
+                },
+            )
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    append_to_store(run_dir / "traces", recs, tag=cell_id)
+    row = {"cell_id": cell_id, "status": "ok", "method": spec["method"], "k": k, "workload": workload,
+           "method_options": {k_: v for k_, v in spec.items() if k_ not in ("method", "num_speculative_tokens")},
+           "batching": "continuous", "batch_size": 8, "max_tokens": max_tokens}  # fmt: skip
+    with open(run_dir / "results.jsonl", "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
+def _spawn(run_dir: Path, method: str, workload: str, limit: int, max_tokens: int, k: int) -> None:
+    env = dict(os.environ)
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    if iomp.exists():
+        env.setdefault("LD_PRELOAD", str(iomp))
+    cmd = [sys.executable, __file__, "--run-dir", str(run_dir), "--method", method, "--workload", workload,
+           "--limit", str(limit), "--max-tokens", str(max_tokens), "--k", str(k)]  # fmt: skip
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT, timeout=1200)
+
+
+@pytest.mark.engine
+def test_ngram_replay_matches_vllm(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    from speclab.models.prepare import resolve_model
+
+    try:
+        resolve_model("smollm2-135m", prepare=False)
+    except Exception:
+        pytest.skip("smollm2-135m not prepared (speclab models prepare smollm2-135m)")
+    from speclab.trace.crosscheck import crosscheck_records
+    from speclab.trace.replay import load_records
+    from speclab.trace.runs import make_run_replay_fn
+
+    for method in ("ngram", "custom-ngram"):
+        _spawn(tmp_path, method, "offline-code-edit", limit=4, max_tokens=96, k=4)
+    records = load_records(tmp_path)
+    fn, skipped = make_run_replay_fn(tmp_path, {"ngram_min": 3, "ngram_max": 7, "max_model_len": None})
+    res = crosscheck_records(records, fn)
+    summary = res.summary()
+    assert set(summary) == {"ngram", "custom:SpeclabNgramProposer"}, (summary, skipped)
+    for s in summary.values():
+        assert s["mismatch"] == 0 and s["max_model_len"] == 0, (summary, [vars(m) for m in res.mismatches()])
+        assert s["steps_observed"] > 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", required=True, type=Path)
+    ap.add_argument("--method", choices=sorted(ENGINE_METHODS), required=True)
+    ap.add_argument("--workload", default="offline-code-edit")
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--spawn", action="store_true", help="run in a subprocess with the engine env set")
+    a = ap.parse_args()
+    if a.spawn:
+        _spawn(a.run_dir, a.method, a.workload, a.limit, a.max_tokens, a.k)
+    else:
+        run_engine(a.run_dir, a.method, a.workload, a.limit, a.max_tokens, a.k)

@@ -1,0 +1,74 @@
+"""Replay driver and suffix speculation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speclab.errors import ConfigError, TraceError
+from speclab.methods import make_proposer
+from speclab.methods.suffix import CountTrie, SuffixSpeculator
+from speclab.trace.replay import load_records, replay_records
+from speclab.traces import RequestTrace, write_store
+
+
+def _rec(i: int, prompt, output, workload: str = "w") -> RequestTrace:
+    return RequestTrace(f"r{i}", workload, "other", len(prompt), len(output),
+                        prompt_token_ids=prompt, output_token_ids=output)  # fmt: skip
+
+
+def test_count_trie_counts_and_best_child() -> None:
+    t = CountTrie(max_depth=3)
+    front: list[int] = []
+    for tok in [1, 2, 1, 2, 1, 3]:
+        front = t.append(front, tok)
+    # node "1" has children 2 (twice) and 3 (once)
+    n1 = t.child[0 * (1 << 24) + 1]
+    assert t.count[n1] == 3 and t.child_total[n1] == 3
+    assert t.token[t.best[n1]] == 2
+
+
+def test_suffix_repeats_a_seen_continuation() -> None:
+    sp = SuffixSpeculator(use_global=False, spec_factor=10.0)
+    req = sp.start_request([5, 6, 7, 8, 9, 10, 11])
+    sp.extend(req, [5, 6])
+    assert sp.speculate(req, 4) == [7, 8, 9, 10]
+
+
+def test_suffix_global_trie_uses_earlier_outputs_only() -> None:
+    sp = SuffixSpeculator(spec_factor=10.0)
+    a_out = [20, 21, 22, 23, 24]
+    acc_a, _ = sp.replay(np.array([1, 2, 3]), np.array(a_out), 4)
+    assert (acc_a == 1).all()  # nothing seen before, own output never repeats
+    acc_b, nprop_b = sp.replay(np.array([9, 9, 20]), np.array([21, 22, 23, 24]), 4)
+    # after "20", request A's output predicts 21 22 23 24 (capped at the end of the output)
+    assert nprop_b[0] >= 3 and acc_b[0] == 5
+
+
+def test_replay_records_fills_methods_and_dedupes(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    p = rng.integers(0, 5, size=50)
+    o = np.concatenate([p[:20], rng.integers(0, 5, size=10)])
+    recs = [_rec(0, p, o), _rec(1, p, o), RequestTrace("x", "w", "other", 3, 2)]
+    with pytest.raises(TraceError):
+        replay_records(recs, ["ngram"], 8)
+    out = replay_records(recs, ["ngram", "suffix"], 8, skip_missing_ids=True)
+    assert set(out[0].methods) == {"ngram", "suffix"} and out[2].methods == {}
+    for m in ("ngram", "suffix"):
+        assert np.array_equal(out[0].methods[m].acc_len, out[1].methods[m].acc_len)
+        out[0].methods[m].validate(len(o), "t")
+    assert out[0].methods["ngram"].acc_len[1:].mean() > 1.5
+    path = write_store(tmp_path / "s.parquet", out)
+    back = load_records(path)
+    assert np.array_equal(back[0].methods["ngram"].num_proposed, out[0].methods["ngram"].num_proposed)
+
+
+def test_make_proposer_errors() -> None:
+    with pytest.raises(ConfigError):
+        make_proposer("eagle")
+    with pytest.raises(ConfigError):
+        make_proposer("draft_model")
+    with pytest.raises(ConfigError):
+        make_proposer("ngram", bogus=1)
+    with pytest.raises(ConfigError):
+        make_proposer("mtp")
