@@ -194,3 +194,25 @@ def test_oracle_gap_with_real_simulator(tmp_path):
     for g in og["rows"]:
         assert g["oracle_combine"] >= 0.98 * g["oracle_best_single"]
         assert g["best_measured"] is not None and g["sim_best_fixed"] is not None
+
+
+def test_oracle_gap_one_failing_policy_and_uncosted_method(monkeypatch):
+    fake_simulator(monkeypatch)
+    sim = sys.modules["speclab.simulate"]
+    ok_simulate = sim.simulate
+
+    def picky(traces, cost_model, policies, **kw):
+        from speclab.errors import ConfigError
+
+        if any(p.startswith("fixed:") for p in policies):
+            raise ConfigError("fixed policies unsupported here")
+        return ok_simulate(traces, cost_model, policies, **kw)
+
+    monkeypatch.setattr(sim, "simulate", picky)
+    recs = [rec(f"r{i}", [1, 4, 4, 4], [1, 2, 2, 2]) for i in range(3)]
+    cm = types.SimpleNamespace(draft={"ngram": object()})  # no drafting cost for eagle
+    gap = oracle_gap(recs, None, cost_model=cm, cost_model_desc="fake", batch_sizes=[1, 4])
+    assert gap["status"] == "ok"
+    assert set(gap["rows"][0]["simulated"]) == {"oracle:ngram"}
+    assert any("no drafting cost for eagle" in w for w in gap["warnings"])
+    assert any("fixed:ngram:3: simulation failed" in w for w in gap["warnings"])

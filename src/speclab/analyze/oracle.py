@@ -57,6 +57,37 @@ def _result_dict(r: Any) -> dict[str, Any]:
     return dict(vars(r))
 
 
+def _simulate_each(
+    simulate: Any,
+    sample: list[RequestTrace],
+    cost_model: Any,
+    policies: list[str],
+    batching: str,
+    sizes: list[int],
+    seed: int,
+    warnings: list[str],
+    workload: str,
+) -> list[Any]:
+    """All policies in one call; if that fails, one call per policy so one bad policy loses only itself."""
+    try:
+        return list(
+            simulate(sample, cost_model, policies=policies, batching=batching, batch_sizes=sizes, seed=seed)
+        )
+    except SpeclabError:
+        pass
+    results: list[Any] = []
+    for p in policies:
+        if p == "none":
+            continue
+        try:
+            results += simulate(
+                sample, cost_model, policies=[p], batching=batching, batch_sizes=sizes, seed=seed
+            )
+        except SpeclabError as exc:
+            warnings.append(f"{workload}/{batching}: {p}: simulation failed: {exc}")
+    return results
+
+
 def oracle_gap(
     records: list[RequestTrace],
     rows: list[dict[str, Any]] | None,
@@ -96,6 +127,15 @@ def oracle_gap(
     out_rows = []
     for workload, recs in sorted(by_workload.items()):
         methods = sorted({m for r in recs for m in r.methods})
+        drafts = getattr(cost_model, "draft", None)
+        if isinstance(drafts, dict):
+            uncosted = [m for m in methods if m not in drafts]
+            if uncosted:
+                warnings.append(
+                    f"{workload}: cost model ({cost_model_desc}) has no drafting cost for "
+                    f"{', '.join(uncosted)}: not simulated"
+                )
+            methods = [m for m in methods if m in drafts]
         if not methods:
             continue
         k_max = {m: min(r.methods[m].k_max for r in recs if m in r.methods) for m in methods}
@@ -115,12 +155,10 @@ def oracle_gap(
             if not fixed:  # no bench run: simulate each method at the k it was traced with, capped at 3
                 fixed = [(m, min(3, k_max[m])) for m in methods]
             policies += [f"fixed:{m}:{k}" for m, k in fixed]
-            try:
-                results = simulate(
-                    sample, cost_model, policies=policies, batching=batching, batch_sizes=sizes, seed=seed
-                )
-            except SpeclabError as exc:
-                warnings.append(f"{workload}/{batching}: simulation failed: {exc}")
+            results = _simulate_each(
+                simulate, sample, cost_model, policies, batching, sizes, seed, warnings, workload
+            )
+            if not results:
                 continue
             sim: dict[int, dict[str, float]] = defaultdict(dict)
             for res in results:
@@ -154,6 +192,13 @@ def oracle_gap(
                         "gap_combine": (combine / best) if best and combine else None,
                     }
                 )
+    if not out_rows:
+        return {
+            "status": "skipped",
+            "reason": "nothing simulated" + (f": {'; '.join(warnings)}" if warnings else ""),
+            "rows": [],
+            "warnings": warnings,
+        }
     return {
         "status": "ok",
         "cost_model": cost_model_desc,

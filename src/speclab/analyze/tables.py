@@ -155,7 +155,7 @@ def format_tables(a: dict[str, Any]) -> str:
         )
         parts.append("")
     elif og:
-        parts.append(f"Oracle gap: skipped ({og.get('reason')})")
+        parts.append(f"Oracle gap: {og.get('status')} ({og.get('reason')})")
     for w in (a.get("warnings") or []) + (og.get("warnings") or []):
         parts.append(f"warning: {w}")
     return "\n".join(parts).rstrip() + "\n"

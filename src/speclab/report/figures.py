@@ -159,7 +159,7 @@ def time_split(rows: list[dict[str, Any]] | None) -> Figure | None:
                 vals.append(100.0 * float(ts.get(key) or 0) / total)
             ax.bar(x, vals, bottom=bottom, color=color, label=key, width=0.7)
             bottom += np.array(vals)
-        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_xticks(x, labels, fontsize=7, rotation=35, ha="right", rotation_mode="anchor")
         ax.set_ylabel("% of step time")
         ax.set_ylim(0, 100)
         ax.set_title(wl)
@@ -182,8 +182,10 @@ def memory(rows: list[dict[str, Any]] | None) -> Figure | None:
     for r in cells:
         lbl = method_label(r)
         for k, v in r["memory"].items():
-            if isinstance(v, int | float):
-                agg[lbl][k] = max(agg[lbl][k], float(v) / GIB)
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                agg[lbl][k] = max(agg[lbl][k], float(v))
+    top = max((v for d in agg.values() for v in d.values()), default=0.0)
+    unit, scale = ("GiB", GIB) if top >= 0.5 * GIB else ("MiB", 1024**2)
     labels = sorted(agg, key=lambda s: (s != "none", s))
     keys = ("weights_bytes", "draft_weights_bytes", "kv_cache_bytes", "peak_rss_bytes")
     fig = MplFigure(figsize=(max(6.0, 1.4 * len(labels) + 2), 3.8), dpi=DPI, layout="constrained")
@@ -191,18 +193,18 @@ def memory(rows: list[dict[str, Any]] | None) -> Figure | None:
     x = np.arange(len(labels))
     w = 0.8 / len(keys)
     for i, k in enumerate(keys):
-        vals = [agg[lbl].get(k, 0.0) for lbl in labels]
+        vals = [agg[lbl].get(k, 0.0) / scale for lbl in labels]
         bars = ax.bar(x + (i - 1.5) * w, vals, width=w, label=k.replace("_bytes", ""))
         ax.bar_label(bars, fmt="%.2f", fontsize=6)
     ax.set_xticks(x, labels)
-    ax.set_ylabel("GiB")
+    ax.set_ylabel(unit)
     ax.set_title("Memory per method (max over its cells)")
     ax.legend(fontsize=7)
     return Figure(
         "memory.png",
         "Memory",
         "Target weights, drafter weights, KV cache and peak process RSS per method, from the memory columns "
-        "of the results table (the maximum over that method's cells).",
+        f"of the results table (the maximum over that method's cells), in {unit}.",
         _png(fig),
     )
 
