@@ -121,6 +121,13 @@ def _plot(results: list, path: str, title: str) -> None:
     show_default=True,
     help="oracle-combine drafting charged as the chosen method, or as n-gram (the study; auto under study).",
 )
+@click.option(
+    "--linear-draft-kv",
+    type=click.Choice(["batch", "request"]),
+    default="batch",
+    show_default=True,
+    help="kv_tokens in the study's linear drafting form: the batch's, or each request's own (then max).",
+)
 @click.option("--switch-overhead", type=float, default=None, help="Seconds per step with a method switch.")
 @click.option("--sample", type=click.IntRange(min=1), default=None, help="Sample N requests (study's rule).")
 @click.option("--seed", type=int, default=42, show_default=True)
@@ -141,6 +148,7 @@ def command(
     aggregate: str,
     ngram_miss_heuristic: str | None,
     combine_draft: str,
+    linear_draft_kv: str,
     switch_overhead: float | None,
     sample: int | None,
     seed: int,
@@ -184,6 +192,7 @@ def command(
         ngram_miss_heuristic=_heuristic(ngram_miss_heuristic),
         combine_draft=combine_draft,
         switch_overhead=switch_overhead,
+        linear_draft_kv=linear_draft_kv,
         sample=sample,
         engine=engine,
     )

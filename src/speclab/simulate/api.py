@@ -72,6 +72,7 @@ def resolve_inputs(
         "switch_overhead",
         "sample",
         "engine",
+        "linear_draft_kv",
     }
     if unknown:
         raise ConfigError(f"unknown simulate option(s): {', '.join(sorted(unknown))}")
@@ -85,6 +86,8 @@ def resolve_inputs(
         raise ConfigError(f"batch sizes must be integers >= 1, got {batch_sizes!r}")
     if not policies:
         raise ConfigError("no policy given")
+    if opts.get("linear_draft_kv", "batch") not in ("batch", "request"):
+        raise ConfigError(f"linear_draft_kv {opts['linear_draft_kv']!r}: use batch or request")
     notes: list[str] = []
     traces = list(traces)
     if aggregate == "study":
@@ -125,6 +128,8 @@ def simulate(
           combine_draft ("auto" | "chosen" | "ngram"): what oracle-combine's drafting is charged as
           (auto = ngram under aggregate="study", as the study did; otherwise the chosen method);
           switch_overhead (seconds; default the cost model's); sample (N requests, the study's sampling rule);
+          linear_draft_kv ("batch" | "request"): the kv_tokens in a "linear" drafting term (the study's EAGLE
+          form): the batch's (default) or the drafting request's own, before the max over requests;
           engine ("fast" | "reference"): the vectorised simulator or the plain per-step loop.
     """
     cm = get_cost_model(cost_model)
@@ -146,6 +151,7 @@ def simulate(
         )
     switch = cm.switch_overhead if opts.get("switch_overhead") is None else float(opts["switch_overhead"])
     use_ref = opts.get("engine", "fast") == "reference"
+    dkv = opts.get("linear_draft_kv") or "batch"
     baseline = make_policy("none")
     results: list[SimResult] = []
     tables: dict[str, engine.StepTable] = {}
@@ -158,7 +164,7 @@ def simulate(
             from speclab.simulate.reference import reference_timing
 
             def timing(p: Policy, b=b, draws=draws) -> engine.Timing:
-                return reference_timing(ta, p, cm, batching, b, draws, switch, match_p is not None)
+                return reference_timing(ta, p, cm, batching, b, draws, switch, match_p is not None, dkv)
         else:
 
             def timing(p: Policy, b=b, draws=draws) -> engine.Timing:
@@ -168,7 +174,7 @@ def simulate(
                         if p.spec == "none"
                         else engine.run_steps(ta, p, b, match_p is not None)
                     )
-                return engine.step_costs(tables[p.spec], p, ta, cm, batching, b, draws, switch)
+                return engine.step_costs(tables[p.spec], p, ta, cm, batching, b, draws, switch, dkv)
 
         base_tm = timing(baseline)
         base_thr = _aggregate(base_tm, aggregate)

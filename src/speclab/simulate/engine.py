@@ -303,7 +303,10 @@ def step_costs(
     batch_size: int,
     draws: np.ndarray | None,
     switch_overhead: float,
+    draft_kv: str = "batch",
 ) -> Timing:
+    """Time every global step and every request. draft_kv: the kv_tokens a "linear" drafting term sees --
+    "batch" (the batch's kv, as the target forward; default) or "request" (the drafting request's own)."""
     c = batch_size if batching == "replicate" else 1
     sch = schedule(st.n_steps, batching, batch_size)
     G = sch.num_steps
@@ -334,7 +337,12 @@ def step_costs(
                 continue
             mx = np.zeros(G, dtype=np.int64)
             np.maximum.at(mx, ks, sm)
-            if cost.form == "linear":
+            if cost.form == "linear" and draft_kv == "request":
+                own = cost.kv * (ta.prompt_len[st.req[sel]] + st.pos[sel] - 1) + cost.num_spec * sm
+                best = np.full(G, -np.inf)
+                np.maximum.at(best, ks, own)
+                draft += np.where(np.isfinite(best), best + cost.const, 0.0)
+            elif cost.form == "linear":
                 used = np.bincount(ks, minlength=G) > 0
                 draft += np.where(used, cost.kv * kv + cost.num_spec * mx + cost.const, 0.0)
             else:  # chained

@@ -127,7 +127,7 @@ class OracleCombine(Policy):
 
 
 class AdaptiveK(Policy):
-    """Online adaptive proposal length: k = clip(floor(ema) + 1, 1, kmax), where ema is an exponential moving
+    """Online adaptive proposal length: k = clip(round(ema) + 1, 1, kmax), where ema is an exponential moving
     average (weight alpha on the newest step) of the request's accepted drafts; starts at k = kstart.
     A step that accepts everything pushes k up by about one; rejections pull it down."""
 
@@ -136,7 +136,7 @@ class AdaptiveK(Policy):
         self.ema = np.full(ctx.num_requests, float(self.extra["kstart"] - 1))
 
     def decide(self, view: StepView) -> tuple[np.ndarray, np.ndarray]:
-        k = np.clip(np.floor(self.ema[view.req]).astype(np.int64) + 1, 1, self.extra["kmax"])
+        k = np.clip(np.floor(self.ema[view.req] + 0.5).astype(np.int64) + 1, 1, self.extra["kmax"])
         npr = view.num_proposed(self.methods[0])
         if npr is not None:
             k = np.minimum(k, npr)

@@ -33,6 +33,7 @@ def reference_timing(
     draws: np.ndarray | None,
     switch_overhead: float,
     heuristic: bool,
+    draft_kv: str = "batch",
 ) -> Timing:
     policy.begin(PolicyContext(num_requests=ta.n, batch_size=batch_size, k_max=dict(ta.k_max)))
     copies = batch_size if batching == "replicate" else 1
@@ -80,7 +81,7 @@ def reference_timing(
             kv = 0
             vtok = 0
             switched = False
-            per_method: dict[str, list[tuple[int, int]]] = {}  # charged method -> [(spec, copies drafting)]
+            per_method: dict[str, list[tuple[int, int, int]]] = {}  # method -> [(spec, spec*copies, own kv)]
             prod_raw_l = []
             for j, r in enumerate(running):
                 m, kk, a = int(meth[j]), int(k[j]), int(a_arr[j])
@@ -91,7 +92,9 @@ def reference_timing(
                 vtok += (copies - matched) + matched * (kk + 1)
                 if m >= 0:
                     name = policy.charge_as or policy.methods[m]
-                    per_method.setdefault(name, []).append((kk if matched > 0 else 0, kk * matched))
+                    per_method.setdefault(name, []).append(
+                        (kk if matched > 0 else 0, kk * matched, prompt[r.i] + r.pos - 1)
+                    )
                 if r.prev != -2 and r.prev != m:
                     switched = True
                 prod_raw = min(a, kk + 1)
@@ -107,15 +110,18 @@ def reference_timing(
             for name in sorted(per_method):
                 cost = cm.draft_for(name)
                 items = per_method[name]
-                mx = max(s for s, _ in items)
+                mx = max(it[0] for it in items)
                 if cost.form == "verify_fraction":
                     draft += cost.fraction * verify if mx > 0 else 0.0
                 elif cost.form == "linear":
-                    # per request kv*batch_kv + num_spec*spec + const; the step pays the max over requests
-                    draft += max(cost.kv * kv + cost.num_spec * s + cost.const for s, _ in items)
+                    # per request kv*kv_tokens + num_spec*spec + const; the step pays the max over requests
+                    draft += max(
+                        cost.kv * (kv if draft_kv == "batch" else own) + cost.num_spec * s + cost.const
+                        for s, _, own in items
+                    )
                 else:
                     draft += sum(cost.kv * kv + cost.const for _ in range(mx)) + cost.num_spec * sum(
-                        s for _, s in items
+                        it[1] for it in items
                     )
             overhead = cm.overhead_per_step + (switch_overhead if switched and switch_overhead else 0.0)
             dt = verify + draft + overhead

@@ -122,6 +122,7 @@ def import_specdecode_bench(
                 prompt = _int_list(d["prompt_token_ids"], f"{where}: field prompt_token_ids")
                 gen = _int_list(d["generated_token_ids"], f"{where}: field generated_token_ids")
                 methods: dict[str, MethodTrace] = {}
+                fixed_here: list[str] = []
                 for key in sorted(k for k in d if k.startswith("acc_")):
                     v = d[key]
                     if not isinstance(v, dict) or "acc_len" not in v:
@@ -138,6 +139,7 @@ def import_specdecode_bench(
                             [acc[: len(gen)], np.ones(max(0, len(gen) - len(acc)), np.int64)]
                         )
                         adjusted += 1
+                        fixed_here.append(f"{key}.acc_len {len(v['acc_len'])}->{len(gen)}")
                     if len(acc) and (acc.min() < 1 or acc.max() > k_max + 1):
                         p = int(np.flatnonzero((acc < 1) | (acc > k_max + 1))[0])
                         raise TraceError(
@@ -148,6 +150,8 @@ def import_specdecode_bench(
                 if not methods:
                     raise TraceError(f"{where}: field acc_ngram/acc_eagle: no acc_* field found")
                 meta: dict[str, Any] = {"source": "specdecode-bench", "file": path.name, "line": lineno}
+                if fixed_here:
+                    meta["lenient_length_fixes"] = fixed_here
                 rec = RequestTrace(
                     id=rid,
                     workload=wl,
