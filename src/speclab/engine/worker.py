@@ -1,0 +1,493 @@
+"""The engine worker: `python -m speclab.engine.worker --job JOB.json --out CELLS.jsonl`.
+
+Starts one vLLM engine for the job's configuration, runs every cell and appends one CellResult JSON line
+per cell to CELLS.jsonl (flushed), plus profiled step timings to job.timings_csv. Launch it through
+`speclab.engine.launch.launch_worker` so it gets the right environment and its own process.
+
+Engine settings (as the study, adapted to CPU): temperature 0 (greedy), EOS respected, prefix caching off,
+async scheduling off, the engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor "uni"),
+per-request detailed spec-decode metrics on, stats logging on (for llm.get_metrics()).
+
+Exit status: 0 when every cell ran (individual cells may still have status "failed"), 1 when the engine
+could not start (every cell is then written as failed with the reason), 2 for an invalid job file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import importlib.util
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from speclab.engine.protocol import (
+    TIMINGS_COLUMNS,
+    CellResult,
+    CellSpec,
+    EngineSpec,
+    Job,
+    MemoryInfo,
+    RequestResult,
+    SpecCounters,
+    TimeSplit,
+    append_result,
+    read_job,
+)
+from speclab.errors import SpeclabError
+
+SPEC_METRICS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+}
+PER_POS_METRIC = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+# --- configuration -------------------------------------------------------------------------------------
+
+
+def resolve_paths(spec: EngineSpec) -> tuple[str, str | None]:
+    """Target and drafter as local paths (or hub ids), checked before any model loads."""
+    from speclab.models import check_same_tokenizer, resolve_model
+
+    target = str(resolve_model(spec.target, spec.dtype if spec.dtype != "float16" else "float32"))
+    drafter: str | None = None
+    if spec.method in ("draft_model", "eagle", "eagle3"):
+        drafter = str(
+            resolve_model(spec.options["model"], spec.dtype if spec.dtype != "float16" else "float32")
+        )
+        if spec.method == "draft_model" or (Path(drafter) / "tokenizer.json").is_file():
+            check_same_tokenizer(target, drafter)
+    elif spec.method == "suffix":
+        if importlib.util.find_spec("arctic_inference") is None:
+            raise SpeclabError(
+                "method suffix needs the arctic-inference package: pip install arctic-inference "
+                "(builds from source in ~1.5 min; scripts/setup.sh installs it)"
+            )
+    elif spec.method == "custom_class":
+        dotted = str(spec.options["model"])
+        mod_name, _, cls_name = dotted.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(mod_name), cls_name) if mod_name else None
+        except ImportError as exc:
+            raise SpeclabError(f"custom_class {dotted}: cannot import {mod_name}: {exc}") from None
+        except AttributeError:
+            cls = None
+        if cls is None:
+            raise SpeclabError(
+                f"custom_class {dotted}: no class {cls_name!r} (need package.module.ClassName)"
+            )
+    return target, drafter
+
+
+def speculative_config(spec: EngineSpec, drafter: str | None) -> dict[str, Any] | None:
+    if spec.method == "none":
+        return None
+    cfg: dict[str, Any] = {k: v for k, v in spec.options.items() if k != "model"}
+    cfg["method"] = spec.method
+    cfg["num_speculative_tokens"] = spec.k
+    if drafter is not None:
+        cfg["model"] = drafter
+    elif spec.method == "custom_class":
+        cfg["model"] = spec.options["model"]
+    return cfg
+
+
+def llm_kwargs(spec: EngineSpec, target: str, drafter: str | None) -> dict[str, Any]:
+    kw: dict[str, Any] = {
+        "model": target,
+        "dtype": spec.dtype,
+        "seed": spec.seed,
+        "max_model_len": spec.max_model_len,
+        "max_num_seqs": spec.max_num_seqs,
+        "enforce_eager": spec.enforce_eager,
+        "enable_prefix_caching": False,
+        "disable_log_stats": False,
+        "async_scheduling": False,
+        "distributed_executor_backend": "uni",
+    }
+    sc = speculative_config(spec, drafter)
+    if sc is not None:
+        kw["speculative_config"] = sc
+        kw["per_request_spec_decode_metrics"] = "detailed"
+    kw.update(spec.llm_kwargs)
+    if int(kw.get("tensor_parallel_size", 1)) > 1 and "distributed_executor_backend" not in spec.llm_kwargs:
+        kw.pop("distributed_executor_backend")  # tensor parallel needs vLLM's multiprocess executor
+    return kw
+
+
+# --- helpers -------------------------------------------------------------------------------------------
+
+
+def _unique_bytes(tensors: Any, exclude: set[int] | None = None) -> tuple[int, set[int]]:
+    """Bytes of distinct tensors (tied weights counted once; `exclude`: data pointers already counted)."""
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        try:
+            ptr = int(t.data_ptr())
+            nbytes = int(t.numel()) * int(t.element_size())
+        except Exception:
+            continue
+        if ptr in seen or (exclude and ptr in exclude):
+            continue
+        seen.add(ptr)
+        total += nbytes
+    return total, seen
+
+
+def checkpoint_num_params(path: str | None) -> int | None:
+    """Parameters stored in a local safetensors checkpoint, read from the file headers (no tensors
+    loaded). Tied weights are stored once, so they count once."""
+    if path is None or not Path(path).is_dir():
+        return None
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n))
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            numel = 1
+            for d in meta["shape"]:
+                numel *= int(d)
+            total += numel
+    return total
+
+
+def _flatten_tensors(obj: Any) -> list[Any]:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, list | tuple):
+        return [t for x in obj for t in _flatten_tensors(x)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in _flatten_tensors(x)]
+    return []
+
+
+def _spec_metrics(llm: Any) -> SpecCounters:
+    c = SpecCounters()
+    per_pos: list[int] = []
+    for m in llm.get_metrics():
+        if m.name in SPEC_METRICS:
+            field = SPEC_METRICS[m.name]
+            setattr(c, field, getattr(c, field) + int(m.value))
+        elif m.name == PER_POS_METRIC:
+            vals = list(m.values)
+            per_pos += [0] * (len(vals) - len(per_pos))
+            for i, v in enumerate(vals):
+                per_pos[i] += int(v)
+    c.accepted_per_pos = per_pos
+    return c
+
+
+def _delta(after: SpecCounters, before: SpecCounters) -> SpecCounters:
+    n = max(len(after.accepted_per_pos), len(before.accepted_per_pos))
+    a = after.accepted_per_pos + [0] * (n - len(after.accepted_per_pos))
+    b = before.accepted_per_pos + [0] * (n - len(before.accepted_per_pos))
+    return SpecCounters(
+        num_drafts=after.num_drafts - before.num_drafts,
+        num_draft_tokens=after.num_draft_tokens - before.num_draft_tokens,
+        num_accepted_tokens=after.num_accepted_tokens - before.num_accepted_tokens,
+        accepted_per_pos=[x - y for x, y in zip(a, b, strict=True)],
+    )
+
+
+def _peak_rss_bytes() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def _append_timings(path: str, rows: list[Any]) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    new = not p.exists() or p.stat().st_size == 0
+    with open(p, "a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(TIMINGS_COLUMNS)
+        for r in rows:
+            w.writerow(r.as_list())
+        f.flush()
+
+
+# --- the engine ----------------------------------------------------------------------------------------
+
+
+class Engine:
+    """One vLLM engine, driven step by step, with the step profiler installed."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{spec.kv_cache_gib:g}")
+        self.spec = spec
+        t0 = time.perf_counter()
+        self.target, self.drafter = resolve_paths(spec)
+        import torch
+        import vllm
+        from vllm import LLM, SamplingParams
+
+        from speclab.engine.instrument import StepProfiler
+
+        self._SamplingParams = SamplingParams
+        self.kwargs = llm_kwargs(spec, self.target, self.drafter)
+        t1 = time.perf_counter()
+        self.llm = LLM(**self.kwargs)
+        self.startup_s = time.perf_counter() - t1
+        self.resolve_s = t1 - t0
+        self.engine = self.llm.llm_engine
+        self._req_counter = 0
+        self.runner = self._find_runner()
+        on_gpu = torch.cuda.is_available() and str(getattr(self.runner, "device", "cpu")).startswith("cuda")
+        self.profiler = StepProfiler(method=spec.method, sync=torch.cuda.synchronize if on_gpu else None)
+        if self.runner is not None:
+            self.profiler.install(self.runner)
+        self.memory = self._static_memory()
+        self.info: dict[str, Any] = {
+            "startup_s": round(self.startup_s, 3),
+            "resolve_s": round(self.resolve_s, 3),
+            "vllm_version": getattr(vllm, "__version__", "?"),
+            "torch_version": torch.__version__,
+            "device": "cuda" if on_gpu else "cpu",
+            "torch_threads": torch.get_num_threads(),
+            "target_path": self.target,
+            "drafter_path": self.drafter,
+            "method": spec.method,
+            "k": spec.k,
+            "dtype": spec.dtype,
+            "enforce_eager": spec.enforce_eager,
+            "max_num_seqs": spec.max_num_seqs,
+            "ld_preload_iomp": "libiomp5" in os.environ.get("LD_PRELOAD", ""),
+            "profiled": self.runner is not None,
+            "speculative_config": self.kwargs.get("speculative_config"),
+        }
+
+    def _find_runner(self) -> Any:
+        try:
+            return self.engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+        except AttributeError:
+            return None  # multiprocess engine (e.g. tensor parallel): no time split
+
+    def _static_memory(self) -> MemoryInfo:
+        mem = MemoryInfo()
+        r = self.runner
+        if r is None:
+            return mem
+        # vLLM's CPU backend repacks linear weights (oneDNN) and drops the Parameters, so weight bytes
+        # come from the checkpoints (parameter count x element size of the run dtype) when local.
+        esize = 4 if self.spec.dtype == "float32" else 2
+        n_target = checkpoint_num_params(self.target)
+        try:
+            wbytes, wptrs = _unique_bytes(r.model.parameters())
+            mem.weights_bytes = n_target * esize if n_target is not None else wbytes
+            if self.spec.method in ("none", "ngram", "suffix", "custom_class"):
+                mem.draft_weights_bytes = 0
+            else:
+                n_draft = checkpoint_num_params(self.drafter)
+                drafter_model = getattr(getattr(r, "drafter", None), "model", None)
+                if n_draft is not None:
+                    mem.draft_weights_bytes = n_draft * esize
+                elif drafter_model is not None and hasattr(drafter_model, "parameters"):
+                    mem.draft_weights_bytes, _ = _unique_bytes(drafter_model.parameters(), exclude=wptrs)
+            mem.kv_cache_bytes, _ = _unique_bytes(_flatten_tensors(getattr(r, "kv_caches", [])))
+        except Exception:
+            pass
+        return mem
+
+    # --- driving ---------------------------------------------------------------------------------------
+    def _params(self, max_tokens: int) -> Any:
+        return self._SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, ignore_eos=False, detokenize=False
+        )
+
+    def drive(
+        self, requests: list[tuple[Any, list[int]]], max_running: int, max_tokens: int
+    ) -> tuple[dict[Any, Any], int]:
+        """Run requests with at most max_running in flight, admitting a new one whenever one finishes.
+        Returns {key: RequestOutput} and the number of engine steps."""
+        params = self._params(max_tokens)
+        pending = deque(requests)
+        running: dict[str, Any] = {}  # request id (internal and external) -> key
+        in_flight = 0
+        done: dict[Any, Any] = {}
+        steps = 0
+        prof = self.profiler
+        try:
+            while pending or in_flight:
+                while pending and in_flight < max_running:
+                    key, ids = pending.popleft()
+                    self._req_counter += 1
+                    ext = f"speclab-{self._req_counter}"
+                    internal = self.engine.add_request(ext, {"prompt_token_ids": ids}, params)
+                    running[ext] = key
+                    running[internal] = key
+                    in_flight += 1
+                prof.begin_step()
+                t0 = time.perf_counter()
+                outs = self.engine.step()
+                prof.end_step(time.perf_counter() - t0)
+                steps += 1
+                for o in outs:
+                    if o.finished and o.request_id in running:
+                        key = running[o.request_id]
+                        done[key] = o
+                        for rid in [rid for rid, k in running.items() if k == key]:
+                            del running[rid]
+                        in_flight -= 1
+                if steps > 10_000_000:
+                    raise RuntimeError("engine made no progress")
+        except BaseException:
+            ids = list(running)
+            if ids:
+                try:
+                    self.engine.abort_request(ids)
+                    while self.engine.has_unfinished_requests():
+                        self.engine.step()
+                except Exception:
+                    pass
+            raise
+        return done, steps
+
+    def warmup(self, cell: CellSpec) -> None:
+        ids = cell.prompts[0].prompt_token_ids[:32]
+        self.profiler.enabled = False
+        self.drive([("warmup", ids)], 1, 8)
+
+    def run_cell(self, cell: CellSpec) -> CellResult:
+        spec = self.spec
+        sd = spec.method != "none"
+        before = _spec_metrics(self.llm) if sd else None
+        self.profiler.reset()
+        self.profiler.enabled = True
+        t0 = time.perf_counter()
+        outputs: dict[Any, Any] = {}
+        steps = 0
+        if cell.batching == "replicate":
+            for p in cell.prompts:
+                reqs = [((p.id, c), p.prompt_token_ids) for c in range(cell.batch_size)]
+                done, n = self.drive(reqs, cell.batch_size, cell.max_tokens)
+                outputs.update(done)
+                steps += n
+        else:
+            reqs = [((p.id, 0), p.prompt_token_ids) for p in cell.prompts]
+            outputs, steps = self.drive(reqs, cell.batch_size, cell.max_tokens)
+        elapsed = time.perf_counter() - t0
+        self.profiler.enabled = False
+        requests: list[RequestResult] = []
+        plen = {p.id: len(p.prompt_token_ids) for p in cell.prompts}
+        copies = cell.batch_size if cell.batching == "replicate" else 1
+        for p in cell.prompts:
+            for c in range(copies):
+                o = outputs[(p.id, c)]
+                comp = o.outputs[0]
+                m = getattr(comp, "spec_decode_metrics", None)
+                requests.append(
+                    RequestResult(
+                        id=p.id,
+                        copy=c,
+                        prompt_len=plen[p.id],
+                        output_token_ids=[int(t) for t in comp.token_ids],
+                        finish_reason=comp.finish_reason,
+                        per_step_accepted=list(m.per_step_accepted) if m is not None else None,
+                        per_step_drafted=list(m.per_step_drafted) if m is not None else None,
+                    )
+                )
+        mem = MemoryInfo(**vars(self.memory))
+        mem.peak_rss_bytes = _peak_rss_bytes()
+        prof = self.profiler
+        result = CellResult(
+            cell_id=cell.cell_id,
+            status="ok",
+            output_tokens=sum(len(r.output_token_ids) for r in requests),
+            elapsed_s=elapsed,
+            steps=steps,
+            requests=requests,
+            time_split_s=TimeSplit(propose=prof.propose_s, verify=prof.verify_s, other=prof.other_s),
+            memory=mem,
+            spec_counters=_delta(_spec_metrics(self.llm), before) if sd and before is not None else None,
+            engine_info=dict(self.info, profiled_steps=prof.steps),
+        )
+        return result
+
+
+def _failed(cell: CellSpec, error: str, info: dict[str, Any] | None = None) -> CellResult:
+    return CellResult(cell_id=cell.cell_id, status="failed", error=error, engine_info=info or {})
+
+
+def _short(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {msg[-1] if msg else ''}"[:2000]
+
+
+def run_job(job: Job, out: str) -> int:
+    try:
+        engine = Engine(job.engine)
+    except SpeclabError as exc:
+        for c in job.cells:
+            append_result(out, _failed(c, f"engine setup: {exc}"))
+        print(f"speclab worker: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        traceback.print_exc()
+        for c in job.cells:
+            append_result(out, _failed(c, f"engine start failed: {_short(exc)}"))
+        return 1
+    print(f"speclab worker: engine started in {engine.startup_s:.1f} s", file=sys.stderr, flush=True)
+    if job.warmup:
+        try:
+            engine.warmup(job.cells[0])
+        except Exception:
+            traceback.print_exc()
+    for cell in job.cells:
+        try:
+            res = engine.run_cell(cell)
+        except Exception as exc:
+            traceback.print_exc()
+            res = _failed(cell, _short(exc), engine.info)
+        append_result(out, res)
+        if res.status == "ok" and job.timings_csv:
+            try:
+                _append_timings(job.timings_csv, engine.profiler.rows)
+            except OSError as exc:
+                print(f"speclab worker: cannot append timings: {exc}", file=sys.stderr)
+        print(
+            f"speclab worker: cell {cell.cell_id}: {res.status}"
+            + (
+                f" {res.output_tokens} tokens in {res.elapsed_s:.2f} s"
+                if res.status == "ok"
+                else f" ({res.error})"
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m speclab.engine.worker", description=__doc__.splitlines()[0])
+    ap.add_argument("--job", required=True, help="JOB.json (speclab.engine.protocol.Job)")
+    ap.add_argument("--out", required=True, help="CELLS.jsonl to append one result line per cell to")
+    args = ap.parse_args(argv)
+    try:
+        job = read_job(args.job)
+    except SpeclabError as exc:
+        print(f"speclab worker: {exc}", file=sys.stderr)
+        return 2
+    return run_job(job, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
