@@ -144,7 +144,9 @@ def time_split(rows: list[dict[str, Any]] | None) -> Figure | None:
         by_wl[str(r.get("workload"))].append(r)
     workloads = sorted(by_wl)
     most = max(len(v) for v in by_wl.values())
-    fig, axes = _grid(len(workloads), ncols=1 if most > 8 else 2, w=max(6.0, 0.55 * most + 2), h=3.6)
+    fig, axes = _grid(
+        len(workloads), ncols=1 if most > 8 else 2, w=min(30.0, max(6.0, 0.55 * most + 2)), h=3.6
+    )
     parts = (("propose", "#4c72b0"), ("verify", "#dd8452"), ("other", "#8c8c8c"))
     for ax, wl in zip(axes, workloads, strict=True):
         rs = sorted(by_wl[wl], key=lambda r: (str(r.get("batching")), int(r["batch_size"]), method_label(r)))
