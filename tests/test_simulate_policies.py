@@ -5,7 +5,7 @@ import pytest
 
 from speclab.errors import ConfigError
 from speclab.simulate import Policy, StepView, list_policies, make_policy, register_policy, simulate
-from speclab.simulate.policies import AdaptiveK
+from speclab.simulate.policies import AdaptiveK, SelectEMA
 from speclab.traces import MethodTrace, RequestTrace
 
 
@@ -64,26 +64,42 @@ class Recorder(AdaptiveK):
         return m, k
 
 
-def run_recorder(tr, batching="continuous"):
+class SelectRecorder(SelectEMA):
+    def begin(self, ctx):
+        super().begin(ctx)
+        self.log = []
+
+    def decide(self, view):
+        m, k = super().decide(view)
+        self.log += list(zip(view.req.tolist(), view.pos.tolist(), m.tolist(), k.tolist(), strict=True))
+        return m, k
+
+
+def run_recorder(tr, which):
     from speclab.simulate import engine
 
-    pol = Recorder(spec="rec", methods=("ngram",), extra={"kmax": 8, "kstart": 3, "alpha": 0.5})
-    ta = engine.prepare(tr, {"ngram"})
+    if which == "adaptive-k":
+        pol = Recorder(spec="rec", methods=("ngram",), extra={"kmax": 8, "kstart": 3, "alpha": 0.5})
+    else:
+        pol = SelectRecorder(spec="sel", methods=("ngram", "eagle"), extra={"k": 4, "alpha": 0.5})
+    ta = engine.prepare(tr, set(pol.methods))
     engine.run_steps(ta, pol, 4, heuristic=False)
     return pol.log
 
 
+@pytest.mark.parametrize("which", ["adaptive-k", "select-ema"])
 @pytest.mark.parametrize("cut", [1, 5, 17, 30])
-def test_online_policy_decisions_do_not_depend_on_future_positions(cut):
-    """Perturb every trace position >= cut: all decisions made at positions <= cut stay identical."""
+def test_online_policy_decisions_do_not_depend_on_future_positions(cut, which):
+    """Perturb every trace position >= cut (all methods): decisions made at positions <= cut stay identical."""
     tr = traces(1)
-    log = run_recorder(tr)
+    log = run_recorder(tr, which)
     rng = np.random.default_rng(99)
     for r in tr:
-        a = r.methods["ngram"].acc_len.copy()
-        a[cut:] = rng.integers(1, 10, max(0, len(a) - cut))
-        r.methods["ngram"] = MethodTrace(k_max=8, acc_len=a)
-    log2 = run_recorder(tr)
+        for m, hi in (("ngram", 10), ("eagle", 6)):
+            a = r.methods[m].acc_len.copy()
+            a[cut:] = rng.integers(1, hi, max(0, len(a) - cut))
+            r.methods[m] = MethodTrace(k_max=8, acc_len=a)
+    log2 = run_recorder(tr, which)
     before = sorted(x for x in log if x[1] <= cut)
     after = sorted(x for x in log2 if x[1] <= cut)
     assert before == after and len(before) > 0

@@ -15,6 +15,7 @@ POLICIES = [
     "oracle-combine:ngram,eagle",
     "adaptive-k:eagle:5",
     "adaptive-k:ngram:4:2",
+    "select-ema:ngram,eagle:3",
 ]
 
 

@@ -147,6 +147,32 @@ class AdaptiveK(Policy):
         self.ema[outcome.req] = a * outcome.accepted + (1 - a) * self.ema[outcome.req]
 
 
+class SelectEMA(Policy):
+    """Online method selector: per request, the method with the highest exponential moving average of accepted
+    drafts proposes K (capped by recorded offers). Only the chosen method's outcome is observed (what an engine
+    sees); every EMA starts optimistic at K so each method gets tried. Ties go to the first listed method."""
+
+    def begin(self, ctx: PolicyContext) -> None:
+        super().begin(ctx)
+        self.ema = np.full((len(self.methods), ctx.num_requests), float(self.extra["k"]))
+
+    def decide(self, view: StepView) -> tuple[np.ndarray, np.ndarray]:
+        meth = self.ema[:, view.req].argmax(axis=0).astype(np.int64)
+        k = np.full(len(view), self.extra["k"], np.int64)
+        for j, m in enumerate(self.methods):
+            npr = view.num_proposed(m)
+            if npr is not None:
+                sel = meth == j
+                k[sel] = np.minimum(k[sel], npr[sel])
+        return meth, k
+
+    def observe(self, outcome: StepOutcome) -> None:
+        a = self.extra["alpha"]
+        sel = outcome.method >= 0
+        m, r = outcome.method[sel], outcome.req[sel]
+        self.ema[m, r] = a * outcome.accepted[sel] + (1 - a) * self.ema[m, r]
+
+
 # --- registry -------------------------------------------------------------------------------------------
 @dataclass
 class PolicyInfo:
@@ -237,6 +263,15 @@ def _adaptive(spec: str, args: list[str], opts: dict) -> Policy:
     return AdaptiveK(spec=canon, methods=(m,), extra={"kmax": kmax, "kstart": kstart, "alpha": 0.5})
 
 
+def _select(spec: str, args: list[str], opts: dict) -> Policy:
+    _need(args, 2, 2, spec, "select-ema:M1,M2[,...]:K")
+    ms = tuple(_method(x.strip(), spec) for x in args[0].split(","))
+    if len(ms) < 2 or len(set(ms)) != len(ms):
+        raise ConfigError(f"policy {spec!r}: needs two or more distinct methods")
+    k = _int(args[1], "K", spec, 1)
+    return SelectEMA(spec=f"select-ema:{','.join(ms)}:{k}", methods=ms, extra={"k": k, "alpha": 0.5})
+
+
 register_policy("none", "none", "no speculative decoding (the baseline)", _none)
 register_policy(
     "fixed", "fixed:METHOD:K", "always propose K drafts with METHOD (capped by recorded offers)", _fixed
@@ -255,6 +290,12 @@ register_policy(
     "adaptive-k:METHOD[:KMAX[:KSTART]]",
     "online: k from an EMA of the request's own accepted drafts (default KMAX 8, KSTART 3)",
     _adaptive,
+)
+register_policy(
+    "select-ema",
+    "select-ema:M1,M2[,...]:K",
+    "online: per request the method with the best EMA of its own observed acceptance proposes K",
+    _select,
 )
 
 
