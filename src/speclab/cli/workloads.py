@@ -90,9 +90,9 @@ def show_cmd(name: str, limit: int | None, seed: int, source: str | None, as_jso
 @_with_common
 @click.option(
     "--tokenizer",
-    type=click.Path(exists=True),
     default=None,
-    help="Target model dir (or .gguf file): also write prompt_token_ids from its chat template.",
+    help="Target model (checkpoint dir, .gguf file or speclab model name): also write prompt_token_ids "
+    "from its chat template.",
 )
 @click.option(
     "--max-prompt-tokens",

@@ -15,14 +15,18 @@ TRUNCATION_MARKER = "\n[... truncated]\n"
 
 
 def load_tokenizer(path: str) -> Any:
-    """A Hugging Face tokenizer from a local directory (or a GGUF file inside one)."""
+    """A Hugging Face tokenizer from a local directory, a GGUF file, or a model name speclab.models knows."""
     from pathlib import Path
 
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise WorkloadError("rendering prompts needs `transformers` (pip install speclab[models])") from exc
-    p = Path(path)
+    p = Path(path).expanduser()
+    if not p.exists():
+        from speclab.models import resolve_model  # a preset name (e.g. smollm2-135m) or a hub id
+
+        p = resolve_model(path)
     try:
         if p.is_file() and p.suffix == ".gguf":
             return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)

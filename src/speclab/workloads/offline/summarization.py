@@ -43,7 +43,14 @@ def _is_prose(par: str) -> bool:
         return False
     letters = sum(c.isalpha() for c in chars)
     words = par.split()
-    return letters / len(chars) > 0.78 and len(words) >= 12 and par.count("=") < 3
+    if par.count("://") > 1 or re.search(r"^\s*\[[^\]]+\]:", par, re.M):  # link lists, markdown refs
+        return False
+    return (
+        letters / len(chars) > 0.78
+        and len(words) >= 12
+        and par.count("=") < 3
+        and len(chars) / len(words) < 8.5  # long "words" = URLs, hashes, identifiers
+    )
 
 
 def _clean(par: str) -> str:
