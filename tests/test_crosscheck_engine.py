@@ -25,6 +25,7 @@ ENGINE_METHODS = {
         "custom:SpeclabNgramProposer",
         {"method": "custom_class", "model": "speclab.methods.vllm_custom.SpeclabNgramProposer"},
     ),
+    "draft": ("draft_model", {"method": "draft_model"}),
     "custom-suffix": (
         "custom:SpeclabSuffixProposer",
         {"method": "custom_class", "model": "speclab.methods.vllm_custom.SpeclabSuffixProposer"},
@@ -42,7 +43,9 @@ def run_engine(run_dir: Path, method: str, workload: str, limit: int, max_tokens
     target = str(resolve_model("smollm2-135m", prepare=False))
     trace_name, spec = ENGINE_METHODS[method]
     spec = {**spec, "num_speculative_tokens": k}
-    os.environ["SPECLAB_PROPOSER_OPTIONS"] = json.dumps({"min_n": 3, "max_n": 7})
+    if method == "draft":
+        spec["model"] = str(resolve_model("smollm2-135m-draft-l8", prepare=False))
+    os.environ["SPECLAB_PROPOSER_OPTIONS"] = json.dumps({"ngram": {"min_n": 3, "max_n": 7}})
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)

@@ -53,17 +53,10 @@ class CountTrie:
     def __len__(self) -> int:
         return len(self.count)
 
-    def _new_node(self, depth: int, tok: int) -> int:
-        self.count.append(0)
-        self.depth.append(depth)
-        self.token.append(tok)
-        self.best.append(-1)
-        self.child_total.append(0)
-        return len(self.count) - 1
-
     def append(self, frontier: list[int], tok: int) -> list[int]:
         """Insert one more token of a stream whose current suffix nodes are `frontier` (depth ascending,
         root excluded); return the new frontier."""
+        # hot loop: node creation is inlined (most suffixes of fresh text are new nodes)
         child, count, best, child_total, depth = (
             self.child,
             self.count,
@@ -71,19 +64,28 @@ class CountTrie:
             self.child_total,
             self.depth,
         )
+        token = self.token
+        max_depth = self.max_depth
         new: list[int] = []
-        for node in (0, *frontier):
+        # frontier depths are 1, 2, 3, ...: the child of the d-th visited node (root first) has depth d
+        for d, node in enumerate((0, *frontier), start=1):
             key = node * _STRIDE + tok
             c = child.get(key)
             if c is None:
-                c = self._new_node(depth[node] + 1, tok)
+                c = len(count)
                 child[key] = c
-            count[c] += 1
+                count.append(1)
+                depth.append(d)
+                token.append(tok)
+                best.append(-1)
+                child_total.append(0)
+            else:
+                count[c] += 1
             child_total[node] += 1
             b = best[node]
             if b < 0 or (b != c and count[c] > count[b]):
                 best[node] = c
-            if depth[c] < self.max_depth:
+            if d < max_depth:
                 new.append(c)
         return new
 

@@ -29,17 +29,26 @@ from speclab.methods.suffix import SuffixRequest, SuffixSpeculator
 OPTIONS_ENV = "SPECLAB_PROPOSER_OPTIONS"
 
 
-def _options() -> dict[str, Any]:
+def _options(method: str) -> dict[str, Any]:
+    """Options for `method` from SPECLAB_PROPOSER_OPTIONS: either flat ({"min_n": 3}) or per method
+    ({"ngram": {"min_n": 3}, "suffix": {"max_match": 8}})."""
     raw = os.environ.get(OPTIONS_ENV, "").strip()
-    return json.loads(raw) if raw else {}
+    opts = json.loads(raw) if raw else {}
+    if not isinstance(opts, dict):
+        raise ValueError(f"{OPTIONS_ENV} must be a JSON object")
+    if any(k in opts for k in ("ngram", "suffix")):
+        opts = opts.get(method) or {}
+    return dict(opts)
 
 
 class _Base:
+    method = ""
+
     def __init__(self, vllm_config: Any) -> None:
         sc = vllm_config.speculative_config
         self.k = int(sc.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
-        self.options = _options()
+        self.options = _options(self.method)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         # No model: the CPU runner calls this unconditionally.
@@ -48,6 +57,8 @@ class _Base:
 
 class SpeclabNgramProposer(_Base):
     """vLLM's n-gram rules, computed by speclab.methods.ngram (same skip rules as the built-in)."""
+
+    method = "ngram"
 
     def __init__(self, vllm_config: Any) -> None:
         super().__init__(vllm_config)
@@ -84,6 +95,8 @@ class SpeclabSuffixProposer(_Base):
     so each request's state is found by a hash of the context it had at the previous step. A state not
     continued in a step is treated as finished (its output then enters the global trie). Defaults to
     use_global=false: with a global trie, live results depend on the order requests finish in."""
+
+    method = "suffix"
 
     def __init__(self, vllm_config: Any) -> None:
         super().__init__(vllm_config)
