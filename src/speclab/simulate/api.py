@@ -139,12 +139,18 @@ def simulate(
     notes += ta.notes
     heur = opts.get("ngram_miss_heuristic")
     match_p = None
-    if heur is not None:
+    needs = any("ngram" in p.methods and p.heuristic_ok for p in pols) and "ngram" in ta.nprop
+    unknown = needs and ta.nprop["ngram"] is None
+    if heur is not None and unknown:
         match_p = np.array([match_p_for(heur, w) for w in ta.workloads], dtype=np.float64)
-    elif (
-        any("ngram" in p.methods and not p.oracle for p in pols)
-        and ta.nprop.get("ngram", np.zeros(0)) is None
-    ):
+        notes.append(
+            "n-gram lookup misses drawn with the study's heuristic (match_p "
+            + ", ".join(f"{w}={match_p_for(heur, w)}" for w in sorted(set(ta.workloads)))
+            + ") where acc_len is 1"
+        )
+    elif heur is not None and needs:
+        notes.append("n-gram miss heuristic not used: the traces record proposal counts")
+    elif unknown:
         notes.append(
             "n-gram traces have no proposal counts: a lookup is assumed to always find k drafts "
             "(pass ngram_miss_heuristic / --ngram-miss-heuristic for the study's guess)"
