@@ -174,7 +174,7 @@ def simulate(
         else:
 
             def timing(p: Policy, b=b, draws=draws) -> engine.Timing:
-                if p.spec not in tables or getattr(p, "uses_batch_size", False):
+                if p.spec not in tables or p.uses_batch_size:
                     tables[p.spec] = (
                         engine.baseline_steps(ta)
                         if p.spec == "none"

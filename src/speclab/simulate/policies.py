@@ -85,6 +85,8 @@ class Policy:
     charge_as: str | None = None
     # Apply the n-gram miss heuristic to this policy's n-gram proposals (never for oracles).
     heuristic_ok: bool = True
+    # True if decisions depend on ctx.batch_size (then the step table is recomputed per batch size)
+    uses_batch_size: bool = False
     extra: dict = field(default_factory=dict)
 
     def begin(self, ctx: PolicyContext) -> None:
