@@ -212,3 +212,45 @@ def test_none_policy_table_shapes():
         d = r.to_dict()
         assert set(d["time_split_s"]) == {"verify", "propose", "overhead"}
         assert sum(d["time_split_s"].values()) == pytest.approx(d["total_time_s"])
+
+
+def test_continuous_fixed_eagle():
+    # [A, B] in 2 slots, fixed:eagle:1. A: pos1 L=2 acc 2 -> pos 3; pos3 L=2 acc 1 -> done. B: pos1 L=2, acc 2
+    # capped at 1 remaining. prefill 1.13; step1 kv 3 batched 4: 1.043 + 0.25 + 0.1; step2 kv 4 b 2: 1.024+0.25+0.1
+    res = simulate([A, B], cm(), ["none", "fixed:eagle:1"], "continuous", [2])
+    r = one(res, "fixed:eagle:1", 2)
+    assert r.total_time_s == pytest.approx(1.13 + 1.393 + 1.374)
+    assert r.speedup == pytest.approx(4.48 / 3.897)
+    assert r.tokens_rejected == 2 and r.mean_accepted_len == pytest.approx(4 / 3)
+
+
+def test_static_fixed_ngram():
+    # A pos1 L=3 acc 3 -> done; B pos1 L=3 acc 1 -> done. one step kv 3 batched 6: 1.063 + 0.5315 + 0.1
+    r = one(simulate([A, B], cm(), ["fixed:ngram:2"], "static", [2]), "fixed:ngram:2", 2)
+    assert r.total_time_s == pytest.approx(1.13 + 1.6945)
+    assert r.speedup == pytest.approx(4.48 / 2.8245) and r.tokens_rejected == 2
+
+
+def test_adaptive_k_by_hand():
+    # ema starts at KSTART-1 = 2 -> k 3. pos1: L=4, eagle acc 2 -> produce 2, 1 accepted; ema 1.5 -> k 3.
+    # pos3: L=4, acc 1 -> produce 1, done. step1 kv 2 b 4: 1.042 + (0.05*3+0.2) + 0.1; step2 kv 4: 1.044+0.35+0.1
+    r = one(simulate([A], cm(), ["adaptive-k:eagle:8"], "replicate", [1]), "adaptive-k:eagle:8", 1)
+    assert r.total_time_s == pytest.approx(1.12 + 1.492 + 1.494)
+    assert r.speedup == pytest.approx(BASE_A1 / 4.106) and r.tokens_rejected == 5
+
+
+def test_select_ema_by_hand():
+    # C, K=2, both EMAs start at 2 (tie -> ngram). pos1 ngram L=3 acc 1: 0 accepted, ema_ngram 1.
+    # pos2: eagle (2 > 1) L=3 acc 1: ema_eagle 1. pos3: tie -> ngram L=3 acc 1 -> done. Two switches.
+    # step1 kv 1 b 3: 1.031 + 0.5*1.031 + 0.1; step2 kv 2: 1.032 + (0.05*2+0.2) + 0.1; step3 kv 3: 1.033*1.5 + 0.1
+    expect = 1.11 + 1.6465 + 1.432 + 1.6495
+    r = one(
+        simulate([C], cm(), ["select-ema:ngram,eagle:2"], "replicate", [1]), "select-ema:ngram,eagle:2", 1
+    )
+    assert r.total_time_s == pytest.approx(expect)
+    r = one(
+        simulate([C], cm(switch=0.07), ["select-ema:ngram,eagle:2"], "replicate", [1]),
+        "select-ema:ngram,eagle:2",
+        1,
+    )
+    assert r.total_time_s == pytest.approx(expect + 2 * 0.07)

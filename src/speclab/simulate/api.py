@@ -91,6 +91,12 @@ def resolve_inputs(
     notes: list[str] = []
     traces = list(traces)
     if aggregate == "study":
+        wls = sorted({t.workload for t in traces})
+        if len(wls) > 1:
+            notes.append(
+                f"sampling across {len(wls)} workloads ({', '.join(wls)}); the study sampled each dataset "
+                "on its own (select one with --workload)"
+            )
         n = int(opts.get("sample") or STUDY_NUM_REQUESTS)
         traces, note = study_sample(traces, seed, n)
     elif opts.get("sample"):
