@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from speclab.workloads import list_workloads, load_workload, ngram_overlap
+from speclab.cli import main
+from speclab.workloads import WorkloadError, list_workloads, load_workload, ngram_overlap
+from speclab.workloads.offline.code_edit import MAX_LINES, MIN_LINES
 
 OFFLINE = [i.name for i in list_workloads() if i.kind == "offline"]
 
@@ -53,3 +58,85 @@ def test_code_edit_reference_repeats_prompt() -> None:
     assert min(scores) > 0.6
     math = load_workload("offline-math", limit=20)
     assert all(p.reference is not None and p.reference.lstrip("-").isdigit() for p in math)
+
+
+def test_offline_pool_sizes_and_build_time() -> None:
+    # The bar on this machine: every stand-in builds in seconds with at least 200 distinct prompts.
+    import time
+
+    for name in OFFLINE:
+        t0 = time.perf_counter()
+        prompts = load_workload(name, limit=200, seed=0)
+        elapsed = time.perf_counter() - t0
+        assert len({p.id for p in prompts}) == 200, name
+        assert elapsed < 30, (name, elapsed)
+
+
+def test_offline_sources(tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    body = "\n".join(f"    total = total + {i} * x" for i in range(2, 10))
+    (code / "mod.py").write_text(f"def accumulate(x, y):\n    total = 0\n{body}\n    return total + y\n")
+    prompts = load_workload("offline-code-edit", source=str(code))
+    assert len(prompts) == 1 and prompts[0].meta["source_file"] == "mod.py"
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    para = " ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 12)
+    (docs / "README.txt").write_text(f"{para}\n\n{para}\n")
+    s = load_workload("offline-summarization", source=str(docs))
+    assert len(s) == 1 and s[0].meta["origin"].endswith("README.txt")
+    with pytest.raises(WorkloadError, match="no prose passages"):
+        load_workload("offline-summarization", source=str(code))
+    with pytest.raises(WorkloadError, match="takes no --source"):
+        load_workload("offline-math", source=str(docs))
+
+
+def test_code_edit_exact_edits_apply() -> None:
+    prompts = load_workload("offline-code-edit", limit=150, seed=1)
+    kinds = {p.meta["edit"] for p in prompts}
+    assert {"rename_function", "rename_parameter", "add_type_hints"} <= kinds
+    for p in prompts:
+        code = p.messages[0]["content"].split("```python\n", 1)[1].split("\n```", 1)[0]
+        assert MIN_LINES <= code.count("\n") + 1 <= MAX_LINES
+        ast.parse(code)
+        if p.reference:
+            new = p.reference.split("```python\n", 1)[1].split("\n```", 1)[0]
+            ast.parse(new)  # the exact answer is valid Python
+            assert new != code
+
+
+def test_registry_plugin_file(tmp_path: Path) -> None:
+    plugin = tmp_path / "my_workload.py"
+    plugin.write_text(
+        "from speclab.workloads import Prompt, WorkloadInfo, register_workload\n"
+        "def build(limit, seed, source):\n"
+        "    return [Prompt(f'p{i}', 'my-wl', 'other', [{'role': 'user', 'content': f'hi {i}'}]) for i in range(3)]\n"
+        "register_workload(WorkloadInfo('my-wl', 'other', 'offline', 'a plugin'), build)\n"
+    )
+    code = (
+        "from speclab.workloads import load_workload, list_workloads\n"
+        "assert 'my-wl' in [i.name for i in list_workloads()]\n"
+        "assert [p.id for p in load_workload('my-wl', limit=2)] == ['p0', 'p1']\n"
+    )
+    env = {**os.environ, "SPECLAB_WORKLOADS": str(plugin)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_cli_list_and_show(capsys: pytest.CaptureFixture) -> None:
+    main(["workloads", "list", "--json"])
+    infos = json.loads(capsys.readouterr().out)
+    names = [i["name"] for i in infos]
+    assert names[:5] == [
+        "offline-code-edit",
+        "offline-summarization",
+        "offline-math",
+        "offline-chat",
+        "offline-reasoning",
+    ]
+    assert {"instructcoder", "cnn-dailymail", "gsm8k", "sharegpt", "aime", "gpqa"} <= set(names)
+    main(["workloads", "show", "offline-math", "--limit", "2", "--json"])
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 2 and rows[0]["category"] == "math"
+    with pytest.raises(SystemExit):
+        main(["workloads", "show", "no-such-workload"])
+    assert "unknown workload" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from speclab.cli import main
-from speclab.workloads import WorkloadError, load_workload
+from speclab.workloads import WorkloadError, load_workload, read_prompts
 from speclab.workloads import sources as sources_mod
 
 
@@ -173,3 +173,4 @@ def test_cli_export_source(tmp_path: Path, capsys: pytest.CaptureFixture) -> Non
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 3 and {r["workload"] for r in rows} == {"gsm8k"}
     assert [r["id"] for r in rows] == [p.id for p in load_workload("gsm8k", limit=3, seed=7, source=str(f))]
+    assert [p.to_dict() for p in read_prompts(str(out))] == rows

@@ -7,7 +7,7 @@
 Importing this package is light (no torch, vllm, transformers or datasets).
 """
 
-from speclab.workloads.base import CATEGORIES, Prompt, WorkloadError, WorkloadInfo
+from speclab.workloads.base import CATEGORIES, Prompt, WorkloadError, WorkloadInfo, read_prompts
 from speclab.workloads.overlap import ngram_overlap, ngram_precisions
 from speclab.workloads.registry import get_workload, list_workloads, load_workload, register_workload
 from speclab.workloads.render import render_prompt
@@ -22,6 +22,7 @@ __all__ = [
     "load_workload",
     "ngram_overlap",
     "ngram_precisions",
+    "read_prompts",
     "register_workload",
     "render_prompt",
 ]

@@ -85,3 +85,17 @@ def dedupe(prompts: list[Prompt]) -> list[Prompt]:
             seen.add(p.id)
             out.append(p)
     return out
+
+
+def read_prompts(path: str) -> list[Prompt]:
+    """Prompts written by `speclab workloads export` (JSON Lines), e.g. to rerun exactly the same prompts."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append(Prompt.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise WorkloadError(f"{path} line {n}: not an exported prompt ({exc})") from exc
+    return out

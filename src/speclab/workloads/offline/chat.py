@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from speclab.workloads.base import Prompt, WorkloadInfo, assistant, content_id, user
+from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, assistant, content_id, user
 from speclab.workloads.offline._common import target_size
 from speclab.workloads.registry import register_workload
 
@@ -98,6 +98,8 @@ def _multi(r: random.Random) -> list[dict]:
 
 
 def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
+    if source:
+        raise WorkloadError(f"{NAME} is generated and takes no --source")
     rng = random.Random(seed)
     want = target_size(limit)
     prompts: list[Prompt] = []

@@ -9,7 +9,7 @@ import random
 from collections.abc import Callable
 
 from speclab.workloads import formats
-from speclab.workloads.base import Prompt, WorkloadInfo, content_id, user
+from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, content_id, user
 from speclab.workloads.offline._common import target_size
 from speclab.workloads.registry import register_workload
 
@@ -165,6 +165,8 @@ TEMPLATES: list[Callable[[random.Random], Problem]] = [
 
 
 def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
+    if source:
+        raise WorkloadError(f"{NAME} is generated and takes no --source")
     rng = random.Random(seed)
     want = target_size(limit)
     prompts: list[Prompt] = []

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from fractions import Fraction
 
 from speclab.workloads import formats
-from speclab.workloads.base import Prompt, WorkloadInfo, content_id, user
+from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, content_id, user
 from speclab.workloads.offline._common import target_size
 from speclab.workloads.registry import register_workload
 
@@ -160,6 +160,8 @@ def _choices(answer: int, r: random.Random) -> tuple[list[str], int]:
 
 
 def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
+    if source:
+        raise WorkloadError(f"{NAME} is generated and takes no --source")
     rng = random.Random(seed)
     want = target_size(limit)
     prompts: list[Prompt] = []
