@@ -26,6 +26,7 @@ ENGINE_METHODS = {
         {"method": "custom_class", "model": "speclab.methods.vllm_custom.SpeclabNgramProposer"},
     ),
     "draft": ("draft_model", {"method": "draft_model"}),
+    "draft-self": ("draft_model", {"method": "draft_model"}),
     "custom-suffix": (
         "custom:SpeclabSuffixProposer",
         {"method": "custom_class", "model": "speclab.methods.vllm_custom.SpeclabSuffixProposer"},
@@ -45,6 +46,8 @@ def run_engine(run_dir: Path, method: str, workload: str, limit: int, max_tokens
     spec = {**spec, "num_speculative_tokens": k}
     if method == "draft":
         spec["model"] = str(resolve_model("smollm2-135m-draft-l8", prepare=False))
+    if method == "draft-self":  # the target drafting for itself: long chains, a deep test of draft replay
+        spec["model"] = target
     os.environ["SPECLAB_PROPOSER_OPTIONS"] = json.dumps({"ngram": {"min_n": 3, "max_n": 7}})
     from transformers import AutoTokenizer
 

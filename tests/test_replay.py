@@ -72,3 +72,33 @@ def test_make_proposer_errors() -> None:
         make_proposer("ngram", bogus=1)
     with pytest.raises(ConfigError):
         make_proposer("mtp")
+
+
+def test_cli_trace_from_store_and_crosscheck(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from speclab.cli import cli
+    from speclab.methods.ngram import NgramProposer
+    from speclab.trace.crosscheck import expected_engine_steps
+
+    rng = np.random.default_rng(3)
+    recs = []
+    for i in range(3):
+        p = rng.integers(0, 6, size=40)
+        o = np.concatenate([p[3:23], rng.integers(0, 6, size=10)])
+        acc, nprop = NgramProposer(3, 7).replay(p, o, 4)
+        steps = expected_engine_steps(acc, nprop, 4)
+        r = _rec(i, p, o)
+        r.meta["observed"] = {"method": "ngram", "k": 4, "per_step_accepted": [s[1] for s in steps],
+                              "per_step_drafted": [s[2] for s in steps]}  # fmt: skip
+        recs.append(r)
+    store = write_store(tmp_path / "in.parquet", recs)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["trace", "--from", str(store), "--methods", "ngram,suffix", "--out",
+                              str(tmp_path / "out.parquet")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "ngram" in res.output and "suffix" in res.output
+    assert set(load_records(tmp_path / "out.parquet")[0].methods) == {"ngram", "suffix"}
+    res = runner.invoke(cli, ["trace", "crosscheck", str(store), "--json"])
+    assert res.exit_code == 0, res.output
+    assert '"agreement_rate": 1.0' in res.output

@@ -138,8 +138,9 @@ def command(
         raise ConfigError(
             f"{source or workload}: no record carries prompt and output token ids; nothing to replay"
         )
+    compare: dict[str, list[int]] = {}
     traced = replay_records(
-        records, mlist, k_max, options, progress=_progress("replay"), skip_missing_ids=True
+        records, mlist, k_max, options, progress=_progress("replay"), skip_missing_ids=True, compare=compare
     )
     _write(out, traced)
     skipped = len(records) - len(with_ids)
@@ -157,6 +158,10 @@ def command(
             click.echo(
                 f"  {m:12s} mean acc_len {a.mean():.3f}  proposal rate {hit.mean():.3f}  positions {len(a)}"
             )
+    for m, (eq, tot) in compare.items():
+        click.echo(
+            f"  {m}: replaced existing entries; equal to the replay at {eq}/{tot} positions ({100 * eq / tot:.1f}%)"
+        )
 
 
 def _write(out: str, records: list) -> None:

@@ -53,9 +53,12 @@ def replay_records(
     options: dict[str, dict[str, Any]] | None = None,
     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
     skip_missing_ids: bool = False,
+    compare: dict[str, list[int]] | None = None,
 ) -> list[RequestTrace]:
     """Fill rec.methods[m] for each method (replacing an existing entry of that name). Records without
-    token ids raise TraceError unless skip_missing_ids, in which case they pass through unchanged."""
+    token ids raise TraceError unless skip_missing_ids, in which case they pass through unchanged.
+    If `compare` is given, positions where a replaced (e.g. imported) acc_len equals the replayed one,
+    both capped at the smaller k_max, are counted there: compare[m] = [equal, total]."""
     options = options or {}
     records = list(records)
     out: list[RequestTrace] = []
@@ -79,6 +82,13 @@ def replay_records(
                 acc, nprop = proposers[pk].replay(rec.prompt_token_ids, rec.output_token_ids, k_max)
                 cache[ck] = (np.asarray(acc, np.int32), np.asarray(nprop, np.int32))
             acc, nprop = cache[ck]
+            old = rec.methods.get(m)
+            if compare is not None and old is not None and len(old.acc_len) == len(acc):
+                cap = min(old.k_max, k_max) + 1
+                eq = np.minimum(old.acc_len, cap) == np.minimum(acc, cap)
+                c = compare.setdefault(m, [0, 0])
+                c[0] += int(eq.sum())
+                c[1] += len(eq)
             rec.methods[m] = MethodTrace(k_max=k_max, acc_len=acc.copy(), num_proposed=nprop.copy())
         rec.meta = dict(rec.meta)
         rec.meta.setdefault("replay", {})
