@@ -42,7 +42,11 @@ if job.timings_csv:
     with open(job.timings_csv, "a") as f:
         if f.tell() == 0:
             f.write("kind,kv_tokens,batched_tokens,num_spec_tokens,num_requests,seconds\n")
-        f.write(f"target,10,1,0,1,0.02\n")
+        for i in range(1, 6):
+            f.write(f"target,{100 * i},{i * (1 + (e.k or 0))},{i * (e.k or 0)},{i},{0.01 + 0.001 * i + 1e-5 * 100 * i}\n")
+            f.write(f"overhead,0,0,0,{i},0.001\n")
+            if e.method != "none":
+                f.write(f"draft:{e.method},{100 * i},{i},{i * e.k},{i},{0.0005 * i + 0.0001}\n")
 for cell in job.cells:
     if crash and crash in cell.cell_id and not (crash_once and os.path.exists(crash_once)):
         if crash_once:
@@ -178,7 +182,8 @@ def test_full_sweep_speedup_lossless_traces(tmp_path, fake_env):
     # timings merged with one header
     lines = (run / "timings.csv").read_text().splitlines()
     assert (
-        lines[0] == "kind,kv_tokens,batched_tokens,num_spec_tokens,num_requests,seconds" and len(lines) == 4
+        lines[0] == "kind,kv_tokens,batched_tokens,num_spec_tokens,num_requests,seconds"
+        and len(lines) == 1 + 10 + 15 + 15
     )
     text_out = format_run(run)
     assert "speedup over no-SD" in text_out and "token-exact vs no-SD: 12/12" in text_out

@@ -155,7 +155,7 @@ def run_demo(
             "draft_model": {"max_model_len": spec.max_model_len},
         }
         methods = [m for m in REPLAY_METHODS if m != "draft_model" or drafter]
-        if drafter:
+        if "draft_model" in methods:
             options["draft_model"]["model"] = str(resolve_model(drafter, spec.dtype, prepare=False))
         with_ids = [r for r in records if r.prompt_token_ids is not None and r.output_token_ids is not None]
         echo(f"   replaying {', '.join(methods)} (k_max {REPLAY_K_MAX}) over {len(with_ids)} bench records")
@@ -163,10 +163,12 @@ def run_demo(
             records, methods, REPLAY_K_MAX, options, progress=_tqdm("replay", progress), skip_missing_ids=True
         )
         write_store(traced, out_records)
-        _crosscheck(run_dir, spec.max_model_len, echo, res)
+        _crosscheck(run_dir, spec.max_model_len, methods, echo, res)
         return traced
 
     res.traces = stage("trace", trace)
+    if res.traces is None and "trace" in skip and traced.exists():
+        res.traces = traced  # replayed by an earlier run of the demo
 
     # 4. cost model + simulation
     def simulate_stage() -> Path | None:
@@ -187,7 +189,8 @@ def run_demo(
         cm = fit_cost_model(timings, name="demo-fitted")
         atomic_write_text(out_dir / "cost_model.toml", cm.to_toml(f"fitted by speclab demo from {timings}"))
         records = _dedupe(read_store(res.traces))
-        have = {m for r in records for m in r.methods}
+        # a policy needs replayed traces and a fitted drafting cost for each of its methods
+        have = {m for r in records for m in r.methods} & set(cm.draft)
         policies = [p for p in SIM_POLICIES if all(m in have for m in _policy_methods(p))]
         batching = spec.batching[0]
         results = simulate(records, cm, policies, batching, spec.batch_sizes)
@@ -265,7 +268,9 @@ def _tqdm(desc: str, enabled: bool) -> Callable[[Any], Any] | None:
     return lambda it: tqdm(it, desc=f"   {desc}", unit="req", file=sys.stderr)
 
 
-def _crosscheck(run_dir: Path, max_model_len: int, echo: Callable[[str], None], res: DemoOutcome) -> None:
+def _crosscheck(
+    run_dir: Path, max_model_len: int, methods: list[str], echo: Callable[[str], None], res: DemoOutcome
+) -> None:
     """Replay vs engine agreement per method (the replay must reproduce what vLLM accepted)."""
     if not _have("speclab.trace.crosscheck"):
         return
@@ -281,7 +286,11 @@ def _crosscheck(run_dir: Path, max_model_len: int, echo: Callable[[str], None], 
         "threads": None,
     }
     fn, skipped = make_run_replay_fn(run_dir, opts)
-    summary = crosscheck_records(load_records(run_dir), fn, max_model_len=max_model_len).summary()
+    # only what the demo replayed (a draft-model cross-check re-runs the drafter over every record)
+    records = [r for r in load_records(run_dir) if (r.meta.get("observed") or {}).get("method") in methods]
+    if not records:
+        return
+    summary = crosscheck_records(records, fn, max_model_len=max_model_len).summary()
     for m, s in summary.items():
         echo(
             f"   cross-check {m}: {s['agree']}/{s['requests']} requests agree with vLLM "

@@ -124,9 +124,15 @@ def run_bench(
     command_line: str | None = None,
 ) -> SweepOutcome:
     """Validate against the machine (before any model loads), render all prompts, then run the sweep."""
+    from speclab.bench.cells import expand_cells
+    from speclab.bench.results import ResultsStore
+
     provider = prompt_provider or default_prompt_provider(spec)
-    # render every workload up front: a bad prompt fails here, not after an engine has started
-    cache = {w: provider(w) for w in spec.workloads}
+    # render every workload that still has cells to run up front: a bad prompt fails here, not after an
+    # engine has started
+    store = ResultsStore(run_dir) if Path(run_dir).exists() else None
+    todo = {c.workload for c in expand_cells(spec) if store is None or not store.is_ok(c.cell_id)}
+    cache = {w: provider(w) for w in spec.workloads if w in todo}
     return run_sweep(
         spec,
         run_dir,
