@@ -52,6 +52,11 @@ for cell in job.cells:
         if crash_once:
             open(crash_once, "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
+    hang = os.environ.get("FAKE_HANG_CELL")
+    if hang and hang in cell.cell_id and not (crash_once and os.path.exists(crash_once)):
+        if crash_once:
+            open(crash_once, "w").close()
+        time.sleep(1000)
     time.sleep(sleep)
     B = cell.batch_size
     reqs = []
@@ -315,3 +320,19 @@ def test_kill_the_sweep_halfway_and_rerun(tmp_path, fake_env):
     assert len(ran(fake_env)) - 18 <= 1
     lines = (run / "results.jsonl").read_text().splitlines()
     assert len(lines) == 18 and len({json.loads(ln)["cell_id"] for ln in lines}) == 18
+
+
+def test_hung_engine_is_stopped_and_its_cell_failed(tmp_path, fake_env, monkeypatch):
+    spec, _ = spec_of(SWEEP.replace("[1, 4, 16]", "[1, 4]"), tmp_path)
+    target = next(c for c in expand_cells(spec) if c.cell_id.startswith("none.offline-math.cont.b1"))
+    monkeypatch.setenv("FAKE_HANG_CELL", target.cell_id)
+    monkeypatch.setenv("FAKE_CRASH_ONCE", str(tmp_path / "hung"))
+    run = tmp_path / "run"
+    t0 = time.time()
+    out = run_sweep(
+        spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.05, cell_timeout_s=2
+    )
+    assert time.time() - t0 < 60
+    assert out.failed == 1 and out.ok == 11
+    row = ResultsStore(run).rows[target.cell_id]
+    assert row["status"] == "failed" and "no cell finished within 2 s" in row["error"]

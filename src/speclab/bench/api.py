@@ -122,6 +122,7 @@ def run_bench(
     progress: bool = True,
     echo: Callable[[str], None] = print,
     command_line: str | None = None,
+    cell_timeout_s: float | None = None,
 ) -> SweepOutcome:
     """Validate against the machine (before any model loads), render all prompts, then run the sweep."""
     from speclab.bench.cells import expand_cells
@@ -141,4 +142,5 @@ def run_bench(
         echo=echo,
         spec_text=spec_text,
         command_line=command_line,
+        cell_timeout_s=cell_timeout_s,
     )

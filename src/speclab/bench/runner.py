@@ -144,6 +144,7 @@ class SweepRunner:
         progress: bool = True,
         echo: Callable[[str], None] = print,
         poll_s: float = 0.5,
+        cell_timeout_s: float | None = None,
         spec_text: str | None = None,
         command_line: str | None = None,
     ) -> None:
@@ -153,6 +154,8 @@ class SweepRunner:
         self.progress_enabled = progress
         self.echo = echo
         self.poll_s = poll_s
+        # a worker that finishes no cell for this long (engine start included) is stopped as hung
+        self.cell_timeout_s = cell_timeout_s
         self.spec_text = spec_text
         self.command_line = command_line
         self.cells = expand_cells(spec)
@@ -359,7 +362,8 @@ class SweepRunner:
         by_id = {c.cell_id: c for c in cells}
         done: set[str] = set()
         offset = 0
-        t0 = time.time()
+        t0 = last = time.time()
+        hung = False
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 cmd,
@@ -388,6 +392,13 @@ class SweepRunner:
                             self._progress.status(f"{nxt.method.label} {nxt.workload} b{nxt.batch_size}")
                     if rc is not None:
                         break
+                    if lines:
+                        last = time.time()
+                    if self.cell_timeout_s and time.time() - last > self.cell_timeout_s:
+                        _stop(proc)
+                        hung = True
+                        rc = proc.returncode if proc.returncode is not None else -9
+                        break
                     if not done and time.time() - t0 > 1:
                         self._progress.status(f"{g.engine_id}: starting engine ({time.time() - t0:.0f}s)")
                     time.sleep(self.poll_s)
@@ -406,6 +417,8 @@ class SweepRunner:
                             g.engine_id,
                         )
                 raise
+        if hung:
+            return done, rc, f"no cell finished within {self.cell_timeout_s:.0f} s (hung? stopped)"
         return done, rc, _log_tail(log_path)
 
     def _fail(self, cell: Cell, g: EngineGroup, reason: str) -> None:

@@ -66,6 +66,11 @@ def _str_list(value: str | None) -> list[str] | None:
 @click.option(
     "--enforce-eager/--no-enforce-eager", default=None, help="Skip torch.compile (fast start, slow steps)."
 )
+@click.option(
+    "--cell-timeout",
+    type=float,
+    help="Stop an engine that finishes no cell for this many seconds (start-up included); the cell fails.",
+)
 @click.option("--dry-run", is_flag=True, help="Check the sweep and list its engines and cells; run nothing.")
 @click.option(
     "--no-progress", is_flag=True, help="No progress bar (one line per finished cell still printed)."
@@ -81,6 +86,7 @@ def run_cmd(
     methods: str | None,
     batching: str | None,
     enforce_eager: bool | None,
+    cell_timeout: float | None,
     dry_run: bool,
     no_progress: bool,
 ) -> None:
@@ -124,6 +130,7 @@ def run_cmd(
         run_dir,
         spec_text=text,
         prompt_provider=provider,
+        cell_timeout_s=cell_timeout,
         progress=not no_progress and sys.stderr.isatty(),
         echo=lambda s: click.echo(s, err=True),
         command_line="speclab " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
