@@ -215,3 +215,17 @@ def test_step_profiler_split_and_rows():
 def test_count_drafts():
     assert _count_drafts([[1, 2], [], [3]]) == 3
     assert _count_drafts(None) == 0
+
+
+def test_worker_writes_failed_cells_when_the_engine_cannot_start(tmp_path):
+    from speclab.engine.worker import main
+
+    job = _job(target=str(tmp_path / "no-such-model"))
+    write_job(job, tmp_path / "job.json")
+    out = tmp_path / "cells.jsonl"
+    assert main(["--job", str(tmp_path / "job.json"), "--out", str(out)]) == 1
+    res = read_results(out)
+    assert [r.cell_id for r in res] == ["c1", "c2"]
+    assert all(r.status == "failed" and "no-such-model" in (r.error or "") for r in res)
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["--job", str(tmp_path / "bad.json"), "--out", str(out)]) == 2

@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--eager", action="store_true", help="enforce_eager (fast start, slower steps)")
     ap.add_argument("--kv-cache-gib", type=float, default=2.0)
+    ap.add_argument("--draft", default=None, help="drafter for draft_model (default smollm2-135m-draft-l8)")
     ap.add_argument("--out", default=None, help="directory for jobs, results, logs and timings.csv")
     args = ap.parse_args(argv)
 
@@ -60,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             dtype=args.dtype,
             method=method,
             k=k,
-            options=dict(DEFAULT_OPTIONS.get(method, {})),
+            options=dict(
+                DEFAULT_OPTIONS.get(method, {}),
+                **({"model": args.draft} if args.draft and method == "draft_model" else {}),
+            ),
             max_model_len=max(len(x) for x in ids) + args.max_tokens + 16,
             max_num_seqs=max(batches),
             enforce_eager=args.eager,
