@@ -350,7 +350,7 @@ class Engine:
                 if steps > 10_000_000:
                     raise RuntimeError("engine made no progress")
         except BaseException:
-            ids = list(running)
+            ids = [rid for rid in running if rid.startswith("speclab-") and "-" not in rid[len("speclab-") :]]
             if ids:
                 try:
                     self.engine.abort_request(ids)
