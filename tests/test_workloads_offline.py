@@ -140,3 +140,22 @@ def test_cli_list_and_show(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit):
         main(["workloads", "show", "no-such-workload"])
     assert "unknown workload" in capsys.readouterr().err
+
+
+def test_categories_match_traces() -> None:
+    from speclab.traces import CATEGORIES as TRACE_CATEGORIES
+    from speclab.workloads import CATEGORIES
+
+    assert CATEGORIES == TRACE_CATEGORIES
+    assert {i.category for i in list_workloads()} <= set(CATEGORIES)
+
+
+def test_generated_answers_consistent() -> None:
+    for p in load_workload("offline-math", limit=2000, seed=9):
+        assert p.reference == str(p.meta["answer"]) and p.meta["answer"] >= 0
+    for p in load_workload("offline-reasoning", limit=300, seed=9):
+        if p.meta["style"] == "multiple-choice":
+            letter = p.reference
+            assert f"{letter}) {p.meta['answer']}\n" in p.messages[0]["content"]
+        else:
+            assert p.reference == str(p.meta["answer"])

@@ -35,7 +35,7 @@ def _shopping(r: random.Random) -> Problem:
     a, b = r.randint(2, 9), r.randint(2, 9)
     p, q = r.randint(2, 15), r.randint(1, 12)
     total = a * p + b * q
-    bill = next(x for x in (20, 50, 100, 200) if x > total)
+    bill = next(x for x in (20, 50, 100, 200, 500) if x > total)
     return (
         f"{n} buys {a} {i1} at ${p} each and {b} {i2} at ${q} each. {n} pays with a ${bill} bill. "
         f"How much change, in dollars, does {n} get back?",
@@ -143,18 +143,18 @@ def _recipe(r: random.Random) -> Problem:
 
 
 def _school(r: random.Random) -> Problem:
-    k = r.choice([3, 4, 5, 6])
-    band = r.randint(4, 20)
-    total = band * k
-    rest = total - band
-    if rest % 2:
-        total += k
-        band += 1
-        rest = total - band
+    k = r.randint(2, 8)
+    club = r.choice(
+        ["plays in the band", "sings in the choir", "is in the chess club", "is on the robotics team"]
+    )
+    other = r.choice(["play a sport", "take an art class", "do drama", "volunteer at the library"])
+    group = k * r.randint(3, 30)
+    while (group - group // k) % 2:
+        group += k
+    rest = group - group // k
     return (
-        f"A school class trip has {total} students. One out of every {k} students plays in the band, and "
-        f"half of the other students play a sport. How many students neither play in the band nor play a "
-        f"sport?",
+        f"A school trip has {group} students. One out of every {k} students {club}, and half of the other "
+        f"students {other}. How many students do neither?",
         rest // 2,
     )
 
@@ -171,15 +171,17 @@ def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
     want = target_size(limit)
     prompts: list[Prompt] = []
     seen: set[str] = set()
-    attempts = 0
+    attempts = dupes = 0
     while len(prompts) < want and attempts < want * 50:
         attempts += 1
-        tmpl = TEMPLATES[len(prompts) % len(TEMPLATES)]  # round-robin keeps the mix even at any limit
+        # round-robin keeps the mix even at any limit; a duplicate moves on to the next template
+        tmpl = TEMPLATES[(len(prompts) + dupes) % len(TEMPLATES)]
         question, answer = tmpl(rng)
         content, _ = formats.math(question)
         messages = [user(content)]
         pid = content_id(NAME, messages)
         if pid in seen:
+            dupes += 1
             continue
         seen.add(pid)
         prompts.append(

@@ -166,10 +166,10 @@ def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
     want = target_size(limit)
     prompts: list[Prompt] = []
     seen: set[str] = set()
-    attempts = 0
+    attempts = dupes = 0
     while len(prompts) < want and attempts < want * 50:
         attempts += 1
-        tmpl = TEMPLATES[len(prompts) % len(TEMPLATES)]
+        tmpl = TEMPLATES[(len(prompts) + dupes) % len(TEMPLATES)]
         problem, answer = tmpl(rng)
         if rng.random() < 0.25:
             opts, idx = _choices(answer, rng)
@@ -181,6 +181,7 @@ def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
         messages = [user(content)]
         pid = content_id(NAME, messages)
         if pid in seen:
+            dupes += 1
             continue
         seen.add(pid)
         prompts.append(
