@@ -102,6 +102,7 @@ def test_cli_export_with_tokenizer(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert len(rows) == 4 and all(r["prompt_len"] <= 300 for r in rows)
     assert all(r["truncated"] == (r["untruncated_prompt_len"] > 300) for r in rows)
     assert any(r["truncated"] for r in rows)
+    assert all(r["prompt_text"] == _text(r["prompt_token_ids"]) for r in rows)
 
 
 def test_overlap() -> None:

@@ -134,6 +134,7 @@ def export_cmd(
                 row["prompt_len"] = len(ids)
                 row["truncated"] = truncated
                 row["untruncated_prompt_len"] = len(full)
+                row["prompt_text"] = tok.decode(ids)  # exactly what the model reads, template included
                 n_trunc += truncated
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     msg = f"wrote {len(prompts)} prompts of {name} to {out}"
