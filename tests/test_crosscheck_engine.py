@@ -52,8 +52,6 @@ def run_engine(run_dir: Path, method: str, workload: str, limit: int, max_tokens
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)
-    prompts = load_workload(workload, limit=limit)
-    ids = [render_prompt(p, tok, max_prompt_tokens=768)[0] for p in prompts]
     llm = LLM(
         model=target,
         dtype="float32",
@@ -67,40 +65,43 @@ def run_engine(run_dir: Path, method: str, workload: str, limit: int, max_tokens
         max_num_seqs=8,
     )
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    outs = llm.generate([{"prompt_token_ids": i} for i in ids], sp, use_tqdm=False)
-    cell_id = f"{method}-k{k}-{workload}"
-    recs = []
-    for pr, pid, o in zip(prompts, ids, outs, strict=True):
-        m = o.outputs[0].spec_decode_metrics.to_dict()
-        out_ids = list(o.outputs[0].token_ids)
-        recs.append(
-            RequestTrace(
-                id=f"{cell_id}:{pr.id}",
-                workload=pr.workload,
-                category=pr.category,
-                prompt_len=len(pid),
-                output_len=len(out_ids),
-                prompt_token_ids=pid,
-                output_token_ids=out_ids,
-                meta={
-                    "cell_id": cell_id,
-                    "finish_reason": o.outputs[0].finish_reason,
-                    "observed": {
-                        "method": trace_name,
-                        "k": k,
-                        "per_step_accepted": list(m["per_step_accepted"]),
-                        "per_step_drafted": list(m["per_step_drafted"]),
-                    },
-                },
-            )
-        )
     run_dir.mkdir(parents=True, exist_ok=True)
-    append_to_store(run_dir / "traces", recs, tag=cell_id)
-    row = {"cell_id": cell_id, "status": "ok", "method": spec["method"], "k": k, "workload": workload,
-           "method_options": {k_: v for k_, v in spec.items() if k_ not in ("method", "num_speculative_tokens")},
-           "batching": "continuous", "batch_size": 8, "max_tokens": max_tokens}  # fmt: skip
-    with open(run_dir / "results.jsonl", "a") as fh:
-        fh.write(json.dumps(row) + "\n")
+    for wl in workload.split(","):  # one engine, one cell per workload
+        prompts = load_workload(wl, limit=limit)
+        ids = [render_prompt(p, tok, max_prompt_tokens=768)[0] for p in prompts]
+        outs = llm.generate([{"prompt_token_ids": i} for i in ids], sp, use_tqdm=False)
+        cell_id = f"{method}-k{k}-{wl}"
+        recs = []
+        for pr, pid, o in zip(prompts, ids, outs, strict=True):
+            m = o.outputs[0].spec_decode_metrics.to_dict()
+            out_ids = list(o.outputs[0].token_ids)
+            recs.append(
+                RequestTrace(
+                    id=f"{cell_id}:{pr.id}",
+                    workload=pr.workload,
+                    category=pr.category,
+                    prompt_len=len(pid),
+                    output_len=len(out_ids),
+                    prompt_token_ids=pid,
+                    output_token_ids=out_ids,
+                    meta={
+                        "cell_id": cell_id,
+                        "finish_reason": o.outputs[0].finish_reason,
+                        "observed": {
+                            "method": trace_name,
+                            "k": k,
+                            "per_step_accepted": list(m["per_step_accepted"]),
+                            "per_step_drafted": list(m["per_step_drafted"]),
+                        },
+                    },
+                )
+            )
+        append_to_store(run_dir / "traces", recs, tag=cell_id)
+        opts = {k_: v for k_, v in spec.items() if k_ not in ("method", "num_speculative_tokens")}
+        row = {"cell_id": cell_id, "status": "ok", "method": spec["method"], "k": k, "workload": wl,
+               "method_options": opts, "batching": "continuous", "batch_size": 8, "max_tokens": max_tokens}  # fmt: skip
+        with open(run_dir / "results.jsonl", "a") as fh:
+            fh.write(json.dumps(row) + "\n")
 
 
 def _spawn(run_dir: Path, method: str, workload: str, limit: int, max_tokens: int, k: int) -> None:
@@ -144,7 +145,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--method", choices=sorted(ENGINE_METHODS), required=True)
-    ap.add_argument("--workload", default="offline-code-edit")
+    ap.add_argument("--workload", default="offline-code-edit", help="comma list: one cell each")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4)
