@@ -9,6 +9,7 @@ its traces).
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,13 @@ class ResultsStore:
 
     def ordered(self) -> list[dict[str, Any]]:
         return list(self.rows.values())
+
+
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover - not on every platform
+        return None
 
 
 # --- metrics ----------------------------------------------------------------------------------------------
@@ -264,6 +272,8 @@ def build_row(
             "engine_id": engine_id,
             "engine_info": res.engine_info,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            # other processes competing for the CPUs make throughputs noisy: keep the evidence
+            "host": {"loadavg_1m": _loadavg(), "cpus": os.cpu_count()},
         }
     )
     if res.status == "ok" and not cell.is_baseline:

@@ -186,6 +186,20 @@ def format_run(run_dir: str | Path) -> str:
     summary = format_speedup_summary(rows)
     if summary:
         parts += ["", summary]
+    busy = [
+        r
+        for r in rows
+        if (r.get("host") or {}).get("loadavg_1m") is not None
+        and (r.get("host") or {}).get("cpus")
+        and r["host"]["loadavg_1m"] > 1.5 * r["host"]["cpus"]
+    ]
+    if busy:
+        worst = max(r["host"]["loadavg_1m"] for r in busy)
+        parts += [
+            "",
+            f"note: {len(busy)} cell(s) finished while the load average exceeded the CPU count (up to {worst:.1f} "
+            f"on {busy[0]['host']['cpus']} CPUs): other processes competed for the CPUs, throughputs are noisy",
+        ]
     exact = [r for r in rows if r.get("lossless") is not None]
     if exact:
         n = sum(1 for r in exact if r["lossless"])
