@@ -180,8 +180,11 @@ def _write(out: str, records: list) -> None:
     "--out", "out", type=click.Path(dir_okay=False), help="Write summary + mismatches as JSON here."
 )
 @click.option("--show", default=5, show_default=True, help="Mismatches to print.")
+@click.option("--by-workload", is_flag=True, help="Break the agreement down per workload.")
 @click.pass_context
-def crosscheck(ctx: click.Context, run: str, as_json: bool, out: str | None, show: int) -> None:
+def crosscheck(
+    ctx: click.Context, run: str, as_json: bool, out: str | None, show: int, by_workload: bool
+) -> None:
     """Replay vs engine: walk the replayed trace the way vLLM steps (skipping accepted positions) and
     compare with each request's observed per-step accepted/drafted counts; agreement per method."""
     from speclab.atomic import atomic_write_text
@@ -193,10 +196,11 @@ def crosscheck(ctx: click.Context, run: str, as_json: bool, out: str | None, sho
     records = load_records(run)
     replay_fn, skipped = make_run_replay_fn(Path(run), opts)
     res = crosscheck_records(records, replay_fn, max_model_len=opts["max_model_len"])
-    summary = res.summary()
+    summary = res.summary(by_workload=by_workload)
     payload = {
         "run": str(run),
-        "summary": summary,
+        "summary": res.summary(),
+        "by_workload": res.summary(by_workload=True),
         "skipped_methods": skipped,
         "mismatches": [vars(m) for m in res.mismatches()],
         "explained": [vars(m) for m in res.per_request if m.status in ("output_end", "max_model_len")],

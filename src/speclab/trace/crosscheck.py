@@ -55,17 +55,19 @@ class RequestCheck:
     steps_observed: int
     steps_matched: int  # equal entries before the first difference
     first_diff: dict[str, Any] | None = None
+    workload: str = ""
 
 
 @dataclass
 class CrossCheckResult:
     per_request: list[RequestCheck] = field(default_factory=list)
 
-    def summary(self) -> dict[str, dict[str, Any]]:
+    def summary(self, by_workload: bool = False) -> dict[str, dict[str, Any]]:
+        """Per method (or per "method / workload") counts and agreement rates."""
         out: dict[str, dict[str, Any]] = {}
         for rc in self.per_request:
             s = out.setdefault(
-                rc.method,
+                f"{rc.method} / {rc.workload}" if by_workload else rc.method,
                 {"requests": 0, "agree": 0, "output_end": 0, "max_model_len": 0, "mismatch": 0,
                  "steps_observed": 0, "steps_matched": 0},
             )  # fmt: skip
@@ -96,7 +98,7 @@ def check_request(
     m = 0
     while m < len(exp) and m < len(obs_a) and exp[m][1] == obs_a[m] and exp[m][2] == obs_d[m]:
         m += 1
-    rc = RequestCheck(rec.id, method, k, "agree", len(exp), len(obs_a), m)
+    rc = RequestCheck(rec.id, method, k, "agree", len(exp), len(obs_a), m, workload=rec.workload)
     if m == len(exp) == len(obs_a):
         return rc
     diff: dict[str, Any] = {"step": m}
