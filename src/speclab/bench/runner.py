@@ -104,20 +104,100 @@ def _sigterm(signum: int, frame: Any) -> None:
     raise _Terminated()
 
 
-class _Progress:
-    """tqdm bar (cells done, ETA) plus one printed line per finished cell."""
+class _Eta:
+    """Time left: engine start-ups still to come plus each remaining cell's tokens at a learned rate.
 
-    def __init__(self, total: int, enabled: bool, echo: Callable[[str], None]) -> None:
+    tqdm's own ETA assumes equal steps, but here an engine start (a minute or more) dwarfs a cell at batch 16,
+    and a batch-1 cell takes several times as long as a batch-16 one. Rates are learned as cells finish."""
+
+    DRAFT_METHODS = ("draft_model", "eagle", "eagle3", "mtp")
+
+    def __init__(self, groups: list[EngineGroup], eager: bool) -> None:
+        self.base_start = 20.0 if eager else 90.0  # s; the facts seen on 2 CPU cores
+        self.start_samples: list[float] = []
+        self.rate_samples: list[float] = []  # tokens / (s * batch_factor)
+        self.pending_starts = {g.engine_id: self._draft_factor(g) for g in groups}
+        self.pending_cells = {c.cell_id: self._work(c) for g in groups for c in g.cells}
+        self.current_start: tuple[str, float] | None = None  # (engine id, when it was launched)
+
+    def _draft_factor(self, g: EngineGroup) -> float:
+        return 2.0 if g.engine.method in self.DRAFT_METHODS else 1.0
+
+    @staticmethod
+    def _work(c: Cell) -> float:
+        tokens = c.num_prompts * c.max_tokens * (c.batch_size if c.batching == "replicate" else 1)
+        return tokens / min(c.batch_size, 16) ** 0.6  # throughput grows sub-linearly with the batch
+
+    def launched(self, g: EngineGroup) -> None:
+        self.current_start = (g.engine_id, time.time())
+
+    def cell_done(self, cell: Cell, elapsed_s: float, startup_s: float | None) -> None:
+        work = self.pending_cells.pop(cell.cell_id, None)
+        if work and elapsed_s > 0:
+            self.rate_samples.append(work / elapsed_s)
+        if self.current_start is not None:
+            eid, _ = self.current_start
+            factor = self.pending_starts.pop(eid, None)
+            if startup_s is not None and factor:
+                self.start_samples.append(startup_s / factor)
+            self.current_start = None
+
+    def cell_dropped(self, cell: Cell) -> None:
+        self.pending_cells.pop(cell.cell_id, None)
+
+    def engine_done(self, g: EngineGroup) -> None:
+        self.pending_starts.pop(g.engine_id, None)
+        self.current_start = None
+
+    def remaining_s(self) -> float:
+        start = sum(self.start_samples) / len(self.start_samples) if self.start_samples else self.base_start
+        rate = sum(self.rate_samples) / len(self.rate_samples) if self.rate_samples else 30.0
+        left = sum(self.pending_starts.values()) * start + sum(self.pending_cells.values()) / rate
+        if self.current_start is not None:  # part of the running engine's start is already behind us
+            eid, t0 = self.current_start
+            left -= min(time.time() - t0, self.pending_starts.get(eid, 0.0) * start)
+        return max(left, 0.0)
+
+
+def _fmt_duration(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class _Progress:
+    """tqdm bar (cells done, time left) plus one printed line per finished cell."""
+
+    def __init__(
+        self, total: int, enabled: bool, echo: Callable[[str], None], eta: _Eta | None = None
+    ) -> None:
         self.echo = echo
+        self.eta = eta
         self.bar = None
+        self._last_tick = 0.0
         if enabled and total:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="cell", dynamic_ncols=True, file=sys.stderr, smoothing=0.1)
+            self.bar = tqdm(
+                total=total,
+                unit="cell",
+                dynamic_ncols=True,
+                file=sys.stderr,
+                bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} cells [{elapsed}{postfix}]",
+            )
 
     def status(self, text: str) -> None:
         if self.bar is not None:
-            self.bar.set_description_str(text[:60], refresh=True)
+            self.bar.set_description_str(text[:60], refresh=False)
+            self.tick(force=True)
+
+    def tick(self, force: bool = False) -> None:
+        """Refresh the time-left estimate (at most once a second)."""
+        if self.bar is None or self.eta is None:
+            return
+        now = time.time()
+        if force or now - self._last_tick >= 1.0:
+            self._last_tick = now
+            self.bar.set_postfix_str(f"~{_fmt_duration(self.eta.remaining_s())} left", refresh=True)
 
     def line(self, text: str) -> None:
         if self.bar is not None:
@@ -128,6 +208,7 @@ class _Progress:
     def advance(self) -> None:
         if self.bar is not None:
             self.bar.update(1)
+            self.tick(force=True)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -164,6 +245,7 @@ class SweepRunner:
         self._prompts: dict[str, PromptSet] = {}
         self._baseline_out_cache: dict[str, dict[str, list[int]]] = {}
         self._progress: _Progress | None = None
+        self._eta: _Eta | None = None
         self.counts = {"ok": 0, "failed": 0, "recovered": 0}
 
     # --- public ------------------------------------------------------------------------------------------
@@ -200,10 +282,12 @@ class SweepRunner:
                 f"resuming {rd}: {skipped + n_recovered} of {len(self.cells)} cells already done"
                 + (f" ({n_recovered} recovered from a killed run)" if n_recovered else "")
             )
-        self._progress = _Progress(len(pending), self.progress_enabled, self.echo)
+        self._eta = _Eta(todo, self.spec.enforce_eager)
+        self._progress = _Progress(len(pending), self.progress_enabled, self.echo, self._eta)
         try:
             for gi, g in enumerate(todo, 1):
                 self._run_group(g, gi, len(todo))
+                self._eta.engine_done(g)
         except (KeyboardInterrupt, _Terminated):
             self._progress.line(
                 f"interrupted: completed cells are kept in {rd}; rerun the same command to resume"
@@ -364,6 +448,8 @@ class SweepRunner:
         offset = 0
         t0 = last = time.time()
         hung = False
+        if self._eta is not None:
+            self._eta.launched(g)
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 cmd,
@@ -384,6 +470,9 @@ class SweepRunner:
                             continue
                         cell = by_id[res.cell_id]
                         done.add(cell.cell_id)
+                        if self._eta is not None:
+                            startup = time.time() - t0 - res.elapsed_s if len(done) == 1 else None
+                            self._eta.cell_done(cell, res.elapsed_s, startup)
                         self._ingest(
                             cell, res, prompts_by_cell[cell.cell_id], cats[cell.workload], g.engine_id
                         )
@@ -399,6 +488,7 @@ class SweepRunner:
                         hung = True
                         rc = proc.returncode if proc.returncode is not None else -9
                         break
+                    self._progress.tick()
                     if not done and time.time() - t0 > 1:
                         self._progress.status(f"{g.engine_id}: starting engine ({time.time() - t0:.0f}s)")
                     time.sleep(self.poll_s)
@@ -423,6 +513,8 @@ class SweepRunner:
 
     def _fail(self, cell: Cell, g: EngineGroup, reason: str) -> None:
         assert self.store is not None and self._progress is not None
+        if self._eta is not None:
+            self._eta.cell_dropped(cell)
         res = CellResult(cell_id=cell.cell_id, status="failed", error=reason)
         self._ingest(
             cell,
