@@ -90,7 +90,8 @@ def test_cli_trace_from_store_and_crosscheck(tmp_path) -> None:
         steps = expected_engine_steps(acc, nprop, 4)
         r = _rec(i, p, o)
         r.meta["observed"] = {"method": "ngram", "k": 4, "per_step_accepted": [s[1] for s in steps],
-                              "per_step_drafted": [s[2] for s in steps]}  # fmt: skip
+                              "per_step_drafted": [s[2] for s in steps],
+                              "options": {"prompt_lookup_min": 3, "prompt_lookup_max": 7}}  # fmt: skip
         recs.append(r)
     store = write_store(tmp_path / "in.parquet", recs)
     runner = CliRunner()
@@ -102,3 +103,12 @@ def test_cli_trace_from_store_and_crosscheck(tmp_path) -> None:
     res = runner.invoke(cli, ["trace", "crosscheck", str(store), "--json"])
     assert res.exit_code == 0, res.output
     assert '"agreement_rate": 1.0' in res.output
+
+
+def test_crosscheck_uses_vllm_default_ngram_options_when_unrecorded() -> None:
+    from speclab.trace.runs import replay_spec
+
+    assert replay_spec("ngram", {}, {"max_model_len": None})[1]["min_n"] == 5
+    assert replay_spec("custom:SpeclabNgramProposer", {}, {"max_model_len": None})[1]["max_n"] == 7
+    assert replay_spec("ngram", {"prompt_lookup_max": 4}, {"max_model_len": None})[1]["min_n"] == 4
+    assert isinstance(replay_spec("suffix", {}, {}), str)

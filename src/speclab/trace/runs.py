@@ -39,7 +39,8 @@ def replay_spec(
         lo = engine_options.get("prompt_lookup_min", engine_options.get("min_n"))
         hi = engine_options.get("prompt_lookup_max", engine_options.get("max_n"))
         if lo is None and hi is None:
-            lo, hi = cli["ngram_min"], cli["ngram_max"]
+            # what the engine used: vLLM's built-in defaults to 5/5; speclab's adapter to 3/7
+            lo, hi = (5, 5) if method == "ngram" else (3, 7)
         lo = hi if lo is None else lo  # vLLM fills a missing bound from the other one
         hi = lo if hi is None else hi
         return "ngram", {"min_n": int(lo), "max_n": int(hi), "max_model_len": cli.get("max_model_len")}
