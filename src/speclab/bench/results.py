@@ -299,6 +299,11 @@ def apply_baseline(
     if not baseline_row or baseline_row.get("status") != "ok":
         return
     row["baseline_cell_id"] = baseline_row["cell_id"]
+    # memory the method adds over no-SD, as the process sees it (draft weights, its KV cache, buffers)
+    peak = (row.get("memory") or {}).get("peak_rss_bytes")
+    base_peak = (baseline_row.get("memory") or {}).get("peak_rss_bytes")
+    if peak is not None and base_peak is not None:
+        row["memory"]["added_peak_rss_bytes"] = peak - base_peak
     b = baseline_row.get("throughput_tok_s")
     t = row.get("throughput_tok_s")
     if b and t:

@@ -85,6 +85,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         "propose/verify/other %",
         "peak MiB",
         "+draft MiB",
+        "+peak MiB",
         "token-exact",
         "status",
     ]
@@ -113,12 +114,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 split,
                 _mib(mem.get("peak_rss_bytes")),
                 _mib(mem.get("draft_weights_bytes")) if r.get("method") != "none" else "-",
+                _mib(mem.get("added_peak_rss_bytes")) if r.get("method") != "none" else "-",
                 "-" if exact is None else ("yes" if exact else "NO"),
                 r.get("status", "") if r.get("status") == "ok" else f"FAILED: {str(r.get('error'))[:60]}",
             ]
         )
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(header)]
-    right = {2, 4, 5, 6, 9, 10}
+    right = {2, 4, 5, 6, 9, 10, 11}
     lines = []
 
     def fmt_row(cols: list[str]) -> str:
