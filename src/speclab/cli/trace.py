@@ -11,7 +11,7 @@ import click
 
 from speclab.errors import ConfigError
 
-_METHODS_HELP = "Comma list of methods to replay: ngram, suffix, draft_model (eagle: not available)."
+_METHODS_HELP = "Comma list of methods to replay: ngram, suffix, draft_model, eagle (experimental)."
 
 
 def _method_options(
@@ -21,6 +21,8 @@ def _method_options(
     suffix_opts: dict[str, Any],
     draft_model: str | None,
     threads: int | None,
+    eagle_head: str | None = None,
+    target: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     opts: dict[str, dict[str, Any]] = {
         "ngram": {"min_n": ngram_min, "max_n": ngram_max, "max_model_len": max_model_len},
@@ -31,6 +33,12 @@ def _method_options(
         from speclab.models.prepare import resolve_model
 
         opts["draft_model"]["model"] = str(resolve_model(draft_model))
+    if eagle_head:
+        from speclab.models.prepare import resolve_model
+
+        if not target:
+            raise ConfigError("eagle replay needs --target (the model whose hidden states feed the head)")
+        opts["eagle"] = {"head": eagle_head, "target": str(resolve_model(target))}
     return opts
 
 
@@ -61,6 +69,7 @@ def _progress(desc: str):
 @click.option("--suffix-spec-factor", default=2.0, show_default=True)
 @click.option("--suffix-no-global", is_flag=True, help="Suffix: only the request's own text, no global trie.")
 @click.option("--draft-model", default=None, help="Draft checkpoint (preset name or path) for draft_model.")
+@click.option("--eagle-head", default=None, help="EAGLE-1 head dir for eagle (experimental; needs --target).")
 @click.option("--max-model-len", default=None, type=int, help="Cap proposals like an engine with this limit.")
 @click.option("--threads", default=None, type=int, help="torch threads for draft_model (default: torch's).")
 @click.pass_context
@@ -82,6 +91,7 @@ def command(
     suffix_spec_factor: float,
     suffix_no_global: bool,
     draft_model: str | None,
+    eagle_head: str | None,
     max_model_len: int | None,
     threads: int | None,
 ) -> None:
@@ -108,6 +118,8 @@ def command(
             ),
             draft_model=draft_model,
             threads=threads,
+            eagle_head=eagle_head,
+            target=target,
         )
     )
     if ctx.invoked_subcommand is not None:
