@@ -112,3 +112,18 @@ def test_crosscheck_uses_vllm_default_ngram_options_when_unrecorded() -> None:
     assert replay_spec("custom:SpeclabNgramProposer", {}, {"max_model_len": None})[1]["max_n"] == 7
     assert replay_spec("ngram", {"prompt_lookup_max": 4}, {"max_model_len": None})[1]["min_n"] == 4
     assert isinstance(replay_spec("suffix", {}, {}), str)
+
+
+def test_variants_of_one_prompt_do_not_see_each_other() -> None:
+    prompt = np.array([1, 2, 3])
+    a = np.arange(20, 40)
+    b = a.copy()
+    b[-1] = 99  # same request, a slightly different answer (e.g. another cell in bf16)
+    other = _rec(2, np.array([7, 20, 21]), np.arange(22, 30))
+    out = replay_records([_rec(0, prompt, a), _rec(1, prompt, b), other], ["suffix"], 8,
+                         {"suffix": {"spec_factor": 10.0}})  # fmt: skip
+    alone, _ = SuffixSpeculator(spec_factor=10.0).replay(prompt, b, 8)
+    assert np.array_equal(out[1].methods["suffix"].acc_len, alone)
+    assert (out[1].methods["suffix"].acc_len == 1).all()
+    # a later request does see the earlier answer through the global trie
+    assert out[2].methods["suffix"].acc_len[0] > 1

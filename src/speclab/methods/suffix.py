@@ -186,10 +186,8 @@ class SuffixSpeculator:
 
     def finish_request(self, req: SuffixRequest) -> None:
         """Add the finished request's output to the global trie."""
-        if self.use_global and req.output:
-            front: list[int] = []
-            for t in req.output:
-                front = self.global_trie.append(front, t)
+        if req.output:
+            self.remember(req.output)
         req.output = []
 
     def speculate(self, req: SuffixRequest, k: int) -> list[int]:
@@ -202,10 +200,18 @@ class SuffixSpeculator:
         return toks
 
     # --- replay -----------------------------------------------------------------------------------
+    def remember(self, output_ids: Iterable[int]) -> None:
+        """Add a finished output to the global trie."""
+        if self.use_global:
+            front: list[int] = []
+            for t in output_ids:
+                front = self.global_trie.append(front, int(t))
+
     def replay(
-        self, prompt_ids: np.ndarray, output_ids: np.ndarray, k_max: int
+        self, prompt_ids: np.ndarray, output_ids: np.ndarray, k_max: int, remember: bool = True
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Replay one request (then add it to the global trie, as live serving would)."""
+        """Replay one request, then (if `remember`) add its output to the global trie, as live serving
+        would."""
         out = [int(t) for t in np.asarray(output_ids).tolist()]
         n = len(out)
         acc = np.ones(n, dtype=np.int32)
@@ -221,5 +227,6 @@ class SuffixSpeculator:
                 a += 1
             acc[p] = a + 1
             self.extend(req, (out[p],))
-        self.finish_request(req)
+        if remember:
+            self.finish_request(req)
         return acc, nprop

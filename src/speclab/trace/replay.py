@@ -4,9 +4,10 @@ Every method is replayed by the proposer class that also runs live (speclab.meth
 says what an engine using that proposer would have proposed and accepted at each position.
 
 Record order matters for suffix speculation: its global trie holds the outputs of the requests replayed
-before, per workload, in store order. A record whose (workload, prompt, output) was already replayed
-(bench stores repeat the same request across cells and copies) reuses the earlier result and is not added
-to the global trie again, so copies of one request never inflate its acceptance.
+before, per workload, in store order (of each prompt's first appearance). Records sharing a prompt (bench
+stores repeat a request across cells) are replayed together against the same global trie, and only the
+first one's output is added afterwards, so copies of one request never inflate each other's acceptance.
+A record whose (workload, prompt, output) was already replayed reuses the earlier result.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ def _key(rec: RequestTrace) -> str:
     return h.hexdigest()
 
 
+def _prompt_key(rec: RequestTrace) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(np.asarray(rec.prompt_token_ids, dtype=np.int32).tobytes())
+    return h.hexdigest()
+
+
 def replay_records(
     records: Iterable[RequestTrace],
     methods: list[str],
@@ -61,25 +68,38 @@ def replay_records(
     both capped at the smaller k_max, are counted there: compare[m] = [equal, total]."""
     options = options or {}
     records = list(records)
-    out: list[RequestTrace] = []
     # one proposer per method; suffix gets one per workload (its global trie is per workload)
     proposers: dict[tuple[str, str], Any] = {}
     cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
-    it = progress(records) if progress else records
-    for rec in it:
+    # Records sharing a prompt (the same request in several cells, or outputs that differ between cells,
+    # e.g. in bf16) are replayed together, and only the first one's output enters suffix's global trie
+    # afterwards, so no variant ever sees another variant's answer.
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, rec in enumerate(records):
         if rec.prompt_token_ids is None or rec.output_token_ids is None:
-            if skip_missing_ids:
-                out.append(rec)
-                continue
-            raise TraceError(f"record {rec.id!r}: no prompt/output token ids; cannot replay")
+            if not skip_missing_ids:
+                raise TraceError(f"record {rec.id!r}: no prompt/output token ids; cannot replay")
+            continue
+        groups.setdefault((rec.workload, _prompt_key(rec)), []).append(i)
+    order = [i for g in groups.values() for i in g]
+    last_of_group = {g[-1]: g[0] for g in groups.values()}
+    it = progress(order) if progress else order
+    for i in it:
+        rec = records[i]
         key = _key(rec)
         for m in methods:
             ck = (m, key)
+            pk = (m, rec.workload if m == "suffix" else "")
+            if pk not in proposers:
+                proposers[pk] = make_proposer(m, **options.get(m, {}))
             if ck not in cache:
-                pk = (m, rec.workload if m == "suffix" else "")
-                if pk not in proposers:
-                    proposers[pk] = make_proposer(m, **options.get(m, {}))
-                acc, nprop = proposers[pk].replay(rec.prompt_token_ids, rec.output_token_ids, k_max)
+                prop = proposers[pk]
+                if m == "suffix":
+                    acc, nprop = prop.replay(
+                        rec.prompt_token_ids, rec.output_token_ids, k_max, remember=False
+                    )
+                else:
+                    acc, nprop = prop.replay(rec.prompt_token_ids, rec.output_token_ids, k_max)
                 cache[ck] = (np.asarray(acc, np.int32), np.asarray(nprop, np.int32))
             acc, nprop = cache[ck]
             old = rec.methods.get(m)
@@ -91,13 +111,13 @@ def replay_records(
                 c[1] += len(eq)
             rec.methods[m] = MethodTrace(k_max=k_max, acc_len=acc.copy(), num_proposed=nprop.copy())
         rec.meta = dict(rec.meta)
-        rec.meta.setdefault("replay", {})
         rec.meta["replay"] = {
-            **rec.meta["replay"],
+            **rec.meta.get("replay", {}),
             **{m: {"k_max": k_max, "options": _jsonable(options.get(m, {}))} for m in methods},
         }
-        out.append(rec)
-    return out
+        if i in last_of_group and "suffix" in methods:
+            proposers[("suffix", rec.workload)].remember(records[last_of_group[i]].output_token_ids)
+    return records
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
