@@ -123,6 +123,7 @@ def run_bench(
     echo: Callable[[str], None] = print,
     command_line: str | None = None,
     cell_timeout_s: float | None = None,
+    redo: list[str] | None = None,
 ) -> SweepOutcome:
     """Validate against the machine (before any model loads), render all prompts, then run the sweep."""
     from speclab.bench.cells import expand_cells
@@ -131,8 +132,16 @@ def run_bench(
     provider = prompt_provider or default_prompt_provider(spec)
     # render every workload that still has cells to run up front: a bad prompt fails here, not after an
     # engine has started
+    import fnmatch
+
     store = ResultsStore(run_dir) if Path(run_dir).exists() else None
-    todo = {c.workload for c in expand_cells(spec) if store is None or not store.is_ok(c.cell_id)}
+    todo = {
+        c.workload
+        for c in expand_cells(spec)
+        if store is None
+        or not store.is_ok(c.cell_id)
+        or any(fnmatch.fnmatch(c.cell_id, g) for g in redo or [])
+    }
     cache = {w: provider(w) for w in spec.workloads if w in todo}
     return run_sweep(
         spec,
@@ -143,4 +152,5 @@ def run_bench(
         spec_text=spec_text,
         command_line=command_line,
         cell_timeout_s=cell_timeout_s,
+        redo=redo,
     )

@@ -64,6 +64,9 @@ class ResultsStore:
         self.rows[row["cell_id"]] = row
         self._flush()
 
+    def flush(self) -> None:
+        self._flush()
+
     def _flush(self) -> None:
         text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in self.rows.values())
         atomic_write_text(self.path, text)

@@ -228,6 +228,7 @@ class SweepRunner:
         cell_timeout_s: float | None = None,
         spec_text: str | None = None,
         command_line: str | None = None,
+        redo: list[str] | None = None,
     ) -> None:
         self.spec = spec
         self.run_dir = Path(run_dir)
@@ -237,6 +238,8 @@ class SweepRunner:
         self.poll_s = poll_s
         # a worker that finishes no cell for this long (engine start included) is stopped as hung
         self.cell_timeout_s = cell_timeout_s
+        self.redo = list(redo or [])  # cell id globs to measure again even if done
+        self._redone: set[str] = set()
         self.spec_text = spec_text
         self.command_line = command_line
         self.cells = expand_cells(spec)
@@ -262,6 +265,17 @@ class SweepRunner:
         rd = self.run_dir
         self.store = store = ResultsStore(rd)
         self._write_run_files()
+        if self.redo:
+            import fnmatch
+
+            again = [c.cell_id for c in self.cells if any(fnmatch.fnmatch(c.cell_id, g) for g in self.redo)]
+            if not again:
+                raise ConfigError(f"--redo {' '.join(self.redo)}: matches no cell of this sweep")
+            for cid in again:
+                store.rows.pop(cid, None)
+            self._redone = set(again)
+            store.flush()
+            self.echo(f"measuring {len(again)} cell(s) again: {', '.join(again)}")
         skipped = sum(1 for c in self.cells if store.is_ok(c.cell_id))
         self._recover()
         self._merge_timings()
@@ -357,7 +371,12 @@ class SweepRunner:
             }
             for res in results:
                 cell = self.by_id.get(res.cell_id)
-                if cell is None or res.status != "ok" or self.store.is_ok(res.cell_id):
+                if (
+                    cell is None
+                    or res.status != "ok"
+                    or self.store.is_ok(res.cell_id)
+                    or cell.cell_id in self._redone
+                ):
                     continue
                 self._ingest(
                     cell, res, prompts.get(res.cell_id, {}), cats.get(cell.workload, "other"), ad.parent.name
@@ -568,17 +587,21 @@ class SweepRunner:
         return row, out
 
     def _refresh_baselines(self) -> None:
-        """SD rows that finished before their baseline (e.g. the baseline failed once): fill speedup and
-        token-exactness now, comparing the first copy of each request from the trace parts."""
+        """Bring SD rows up to date with their baseline: fill speedup and token-exactness of rows that finished
+        before it (e.g. the baseline failed once), and recompute speedups against a re-measured baseline
+        (--redo). Token-exactness is taken from the trace parts (first copy of each request)."""
         assert self.store is not None
         from speclab.engine.protocol import RequestResult
 
         for c in self.cells:
             row = self.store.rows.get(c.cell_id)
-            if c.is_baseline or row is None or row.get("status") != "ok" or row.get("speedup") is not None:
+            if c.is_baseline or row is None or row.get("status") != "ok":
                 continue
             base_row, base_out = self._baseline_for(c)
             if base_row is None or base_out is None:
+                continue
+            redone = base_row["cell_id"] in self._redone
+            if row.get("speedup") is not None and row.get("lossless") is not None and not redone:
                 continue
             mine = baseline_outputs(self.run_dir, row)
             fake = CellResult(
@@ -588,7 +611,10 @@ class SweepRunner:
                     RequestResult(id=k, copy=0, prompt_len=0, output_token_ids=v) for k, v in mine.items()
                 ],
             )
+            keep = (row.get("lossless"), row.get("lossless_detail"))
             apply_baseline(row, fake, base_row, base_out)
+            if keep[0] is not None and not redone:
+                row["lossless"], row["lossless_detail"] = keep
             self.store.put(row)
 
     def _merge_timings(self) -> None:

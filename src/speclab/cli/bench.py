@@ -71,6 +71,11 @@ def _str_list(value: str | None) -> list[str] | None:
     type=float,
     help="Stop an engine that finishes no cell for this many seconds (start-up included); the cell fails.",
 )
+@click.option(
+    "--redo",
+    multiple=True,
+    help="Measure cells again even if done: a cell id glob, e.g. 'none.*.b1.*' (repeatable).",
+)
 @click.option("--dry-run", is_flag=True, help="Check the sweep and list its engines and cells; run nothing.")
 @click.option(
     "--no-progress", is_flag=True, help="No progress bar (one line per finished cell still printed)."
@@ -87,6 +92,7 @@ def run_cmd(
     batching: str | None,
     enforce_eager: bool | None,
     cell_timeout: float | None,
+    redo: tuple[str, ...],
     dry_run: bool,
     no_progress: bool,
 ) -> None:
@@ -131,6 +137,7 @@ def run_cmd(
         spec_text=text,
         prompt_provider=provider,
         cell_timeout_s=cell_timeout,
+        redo=list(redo),
         progress=not no_progress and sys.stderr.isatty(),
         echo=lambda s: click.echo(s, err=True),
         command_line="speclab " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
