@@ -117,7 +117,7 @@ def _print_table(results: dict[str, list[CellResult]]) -> None:
     base, _ = _best(results.get("none", []))
     print(
         "method       batch  startup_s  tokens  elapsed_s (all repeats)     tok/s   speedup  mean_acc_len  "
-        "propose%  verify%  other%  ms/step  lossless"
+        "propose%  verify%  other%  ms/step  lossless  load(1m)"
     )
     for method, rs in results.items():
         best, times = _best(rs)
@@ -147,7 +147,7 @@ def _print_table(results: dict[str, list[CellResult]]) -> None:
                 f"{method:12s} {b:>5s}  {r.engine_info.get('startup_s', 0):9.1f}  {r.output_tokens:6d}  "
                 f"{r.elapsed_s:9.2f} ({allt:14s})  {tps:6.1f}  {speed:>7s}  {acc:>12s}  "
                 f"{100 * ts.propose / tot:8.1f}  {100 * ts.verify / tot:7.1f}  {100 * ts.other / tot:6.1f}  "
-                f"{ms:7.1f}  {lossless:>8s}"
+                f"{ms:7.1f}  {lossless:>8s}  {r.engine_info.get('loadavg_start')}->{r.engine_info.get('loadavg_end')}"
             )
 
 

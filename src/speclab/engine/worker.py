@@ -207,6 +207,13 @@ def _delta(after: SpecCounters, before: SpecCounters) -> SpecCounters:
     )
 
 
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
 def _peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
@@ -372,6 +379,7 @@ class Engine:
         before = _spec_metrics(self.llm) if sd else None
         self.profiler.reset()
         self.profiler.enabled = True
+        load0 = _loadavg()
         t0 = time.perf_counter()
         outputs: dict[Any, Any] = {}
         steps = 0
@@ -418,7 +426,15 @@ class Engine:
             time_split_s=TimeSplit(propose=prof.propose_s, verify=prof.verify_s, other=prof.other_s),
             memory=mem,
             spec_counters=_delta(_spec_metrics(self.llm), before) if sd and before is not None else None,
-            engine_info=dict(self.info, profiled_steps=prof.steps),
+            # the 1-minute load average around the cell: on a shared machine, a value above the core count
+            # means other processes competed for the CPU and the timings are inflated
+            engine_info=dict(
+                self.info,
+                profiled_steps=prof.steps,
+                loadavg_start=load0,
+                loadavg_end=_loadavg(),
+                cpus=os.cpu_count(),
+            ),
         )
         return result
 
