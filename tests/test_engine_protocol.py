@@ -229,3 +229,20 @@ def test_worker_writes_failed_cells_when_the_engine_cannot_start(tmp_path):
     assert all(r.status == "failed" and "no-such-model" in (r.error or "") for r in res)
     (tmp_path / "bad.json").write_text("{}")
     assert main(["--job", str(tmp_path / "bad.json"), "--out", str(out)]) == 2
+
+
+def test_custom_class_proposer_options_stay_out_of_vllm():
+    spec = EngineSpec(
+        "t",
+        method="custom_class",
+        k=3,
+        options={
+            "model": "speclab.methods.vllm_custom.SpeclabNgramProposer",
+            "proposer_options": {"min_n": 3},
+        },
+    )
+    assert speculative_config(spec, None) == {
+        "method": "custom_class",
+        "num_speculative_tokens": 3,
+        "model": "speclab.methods.vllm_custom.SpeclabNgramProposer",
+    }

@@ -12,7 +12,8 @@ Method options (`EngineSpec.options`), passed on to vLLM's speculative_config:
   suffix_decoding_max_spec_factor, suffix_decoding_min_token_prob
 - draft_model / eagle / eagle3: model (drafter checkpoint or head: path, preset name or hub id)
 - mtp: (none required; options pass through)
-- custom_class: model (dotted path "package.module.ClassName")
+- custom_class: model (dotted path "package.module.ClassName"); proposer_options (a JSON object, exported
+  to the worker as SPECLAB_PROPOSER_OPTIONS for speclab.methods.vllm_custom's adapters, not sent to vLLM)
 Any other key is passed through to speculative_config unchanged. `EngineSpec.llm_kwargs` is passed to
 `vllm.LLM(...)` unchanged (e.g. tensor_parallel_size, gpu_memory_utilization on a GPU).
 """

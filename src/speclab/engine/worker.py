@@ -91,7 +91,7 @@ def resolve_paths(spec: EngineSpec) -> tuple[str, str | None]:
 def speculative_config(spec: EngineSpec, drafter: str | None) -> dict[str, Any] | None:
     if spec.method == "none":
         return None
-    cfg: dict[str, Any] = {k: v for k, v in spec.options.items() if k != "model"}
+    cfg: dict[str, Any] = {k: v for k, v in spec.options.items() if k not in ("model", "proposer_options")}
     cfg["method"] = spec.method
     cfg["num_speculative_tokens"] = spec.k
     if drafter is not None:
@@ -207,6 +207,14 @@ def _delta(after: SpecCounters, before: SpecCounters) -> SpecCounters:
     )
 
 
+def _draft_kind(spec: EngineSpec) -> str:
+    """The method name used in timings rows (draft:<name>): the trace method name, so custom proposers
+    appear as custom:<ClassName> (CONTRACTS.md section 1)."""
+    if spec.method == "custom_class":
+        return "custom:" + str(spec.options.get("model", "custom")).rsplit(".", 1)[-1]
+    return spec.method
+
+
 def _loadavg() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)
@@ -250,6 +258,10 @@ class Engine:
         from speclab.engine.instrument import StepProfiler
 
         self._SamplingParams = SamplingParams
+        if spec.method == "custom_class" and spec.options.get("proposer_options") is not None:
+            # speclab's custom_class adapters read their options from the environment (vLLM passes no
+            # extra keys to the class): speclab.methods.vllm_custom.OPTIONS_ENV
+            os.environ["SPECLAB_PROPOSER_OPTIONS"] = json.dumps(spec.options["proposer_options"])
         self.kwargs = llm_kwargs(spec, self.target, self.drafter)
         t1 = time.perf_counter()
         self.llm = LLM(**self.kwargs)
@@ -259,7 +271,9 @@ class Engine:
         self._req_counter = 0
         self.runner = self._find_runner()
         on_gpu = torch.cuda.is_available() and str(getattr(self.runner, "device", "cpu")).startswith("cuda")
-        self.profiler = StepProfiler(method=spec.method, sync=torch.cuda.synchronize if on_gpu else None)
+        self.profiler = StepProfiler(
+            method=_draft_kind(spec), sync=torch.cuda.synchronize if on_gpu else None
+        )
         if self.runner is not None:
             self.profiler.install(self.runner)
         self.memory = self._static_memory()
