@@ -25,13 +25,33 @@ def _verdict(best: float) -> str:
     return "marginal" if best < MARGINAL else "use SD"
 
 
+def _rec(key: tuple[str, str, int], ranked: list[tuple[float, str]], source: str) -> dict[str, Any]:
+    """One recommendation row from (speedup, label) candidates sorted best first."""
+    best, label = ranked[0]
+    runner_up = ranked[1] if len(ranked) > 1 else (None, None)
+    return {
+        "workload": key[0],
+        "batching": key[1],
+        "batch_size": key[2],
+        "verdict": _verdict(best),
+        "recommend": label if best >= 1.0 else "SD off",
+        "best_method": label,
+        "best_speedup": best,
+        "runner_up": runner_up[1],
+        "runner_up_speedup": runner_up[0],
+        "source": source,
+        "candidates": len(ranked),
+    }
+
+
 def recommendations(
     rows: list[dict[str, Any]] | None, oracle_gap: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
     recs: dict[tuple[str, str, int], dict[str, Any]] = {}
-    multi_target = len({r.get("target") for r in ok_rows(rows or [])}) > 1
+    ok = ok_rows(rows or [])
+    multi_target = len({r.get("target") for r in ok}) > 1
     cells: dict[tuple[str, str, int], list[tuple[float, str]]] = defaultdict(list)
-    for r in ok_rows(rows or []):
+    for r in ok:
         if r.get("method") in (None, "none") or r.get("speedup") is None:
             continue
         wl = str(r.get("workload"))
@@ -41,21 +61,7 @@ def recommendations(
             (float(r["speedup"]), method_label(r))
         )
     for key, vals in cells.items():
-        vals.sort(reverse=True)
-        best, label = vals[0]
-        recs[key] = {
-            "workload": key[0],
-            "batching": key[1],
-            "batch_size": key[2],
-            "verdict": _verdict(best),
-            "recommend": label if best >= 1.0 else "SD off",
-            "best_method": label,
-            "best_speedup": best,
-            "runner_up": vals[1][1] if len(vals) > 1 else None,
-            "runner_up_speedup": vals[1][0] if len(vals) > 1 else None,
-            "source": "measured",
-            "candidates": len(vals),
-        }
+        recs[key] = _rec(key, sorted(vals, reverse=True), "measured")
     for g in (oracle_gap or {}).get("rows") or []:
         key = (str(g["workload"]), str(g["batching"]), int(g["batch_size"]))
         if key in recs:
@@ -68,22 +74,8 @@ def recommendations(
             ),
             reverse=True,
         )
-        if not fixed:
-            continue
-        best, label = fixed[0]
-        recs[key] = {
-            "workload": key[0],
-            "batching": key[1],
-            "batch_size": key[2],
-            "verdict": _verdict(best),
-            "recommend": label if best >= 1.0 else "SD off",
-            "best_method": label,
-            "best_speedup": best,
-            "runner_up": fixed[1][1] if len(fixed) > 1 else None,
-            "runner_up_speedup": fixed[1][0] if len(fixed) > 1 else None,
-            "source": "simulated",
-            "candidates": len(fixed),
-        }
+        if fixed:
+            recs[key] = _rec(key, fixed, "simulated")
     return [recs[k] for k in sorted(recs)]
 
 
