@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from speclab.atomic import atomic_path, atomic_write_text
+from speclab.costmodel.fit import COLUMNS as TIMINGS_COLUMNS
 from speclab.traces import MethodTrace, RequestTrace, write_store
 
 # (workload, category, share of output copied from the prompt)
@@ -159,52 +160,27 @@ def synthetic_timings(rng_seed: int = 0) -> list[dict]:
     """Step timings following the study's fitted Llama-3.1-8B/H100 cost model, with noise."""
     rng = np.random.default_rng(rng_seed)
     rows = []
+
+    def step(kind: str, kv: int, bt: int, ns: int, sec: float) -> dict:
+        return {
+            "kind": kind,
+            "kv_tokens": kv,
+            "batched_tokens": bt,
+            "num_spec_tokens": ns,
+            "num_requests": max(1, bt // 4),
+            "seconds": sec * float(rng.normal(1, 0.01)),
+        }
+
     for _ in range(200):
         kv = int(rng.integers(100, 200000))
         bt = int(rng.integers(1, 512))
-        sec = 3.92645679e-08 * kv + 2.10103129e-05 * bt + 5.88590713e-03
-        rows.append(
-            {
-                "kind": "target",
-                "kv_tokens": kv,
-                "batched_tokens": bt,
-                "num_spec_tokens": 0,
-                "num_requests": max(1, bt // 4),
-                "seconds": sec * float(rng.normal(1, 0.01)),
-            }
-        )
+        rows.append(step("target", kv, bt, 0, 3.92645679e-08 * kv + 2.10103129e-05 * bt + 5.88590713e-03))
         ns = int(rng.integers(1, 64))
-        sec = 2.37768493e-09 * kv + 8.41429603e-07 * ns + 2.13526175e-03
         rows.append(
-            {
-                "kind": "draft:eagle",
-                "kv_tokens": kv,
-                "batched_tokens": bt,
-                "num_spec_tokens": ns,
-                "num_requests": max(1, bt // 4),
-                "seconds": sec * float(rng.normal(1, 0.01)),
-            }
+            step("draft:eagle", kv, bt, ns, 2.37768493e-09 * kv + 8.41429603e-07 * ns + 2.13526175e-03)
         )
-        rows.append(
-            {
-                "kind": "draft:ngram",
-                "kv_tokens": kv,
-                "batched_tokens": bt,
-                "num_spec_tokens": ns,
-                "num_requests": max(1, bt // 4),
-                "seconds": 1e-4 * float(rng.normal(1, 0.01)),
-            }
-        )
-        rows.append(
-            {
-                "kind": "overhead",
-                "kv_tokens": kv,
-                "batched_tokens": bt,
-                "num_spec_tokens": 0,
-                "num_requests": max(1, bt // 4),
-                "seconds": 1.2e-3 * float(rng.normal(1, 0.01)),
-            }
-        )
+        rows.append(step("draft:ngram", kv, bt, ns, 1e-4))
+        rows.append(step("overhead", kv, bt, 0, 1.2e-3))
     return rows
 
 
@@ -215,10 +191,7 @@ def write_synthetic_run(run: str | Path, n_per_workload: int = 24) -> Path:
     atomic_write_text(run / "results.jsonl", "".join(json.dumps(r) + "\n" for r in synthetic_results()))
     write_store(run / "traces", synthetic_records(n_per_workload))
     with atomic_path(run / "timings.csv") as tmp, open(tmp, "w", newline="") as fh:
-        w = csv.DictWriter(
-            fh,
-            fieldnames=["kind", "kv_tokens", "batched_tokens", "num_spec_tokens", "num_requests", "seconds"],
-        )
+        w = csv.DictWriter(fh, fieldnames=TIMINGS_COLUMNS)
         w.writeheader()
         w.writerows(synthetic_timings())
     atomic_write_text(
