@@ -26,6 +26,21 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
+# Columns of an `observed` entry, as both the text tables and the HTML report show them.
+OBSERVED_KEYS = "workload method k n_requests n_steps mean std p50 p95"
+
+
+def pluck(records: Sequence[dict[str, Any]], keys: str) -> list[list[Any]]:
+    """One row per record with the values of the space-separated `keys`; "a.b" reads record["a"]["b"]."""
+
+    def get(record: Any, key: str) -> Any:
+        for part in key.split("."):
+            record = record[part]
+        return record
+
+    return [[get(r, k) for k in keys.split()] for r in records]
+
+
 def format_tables(a: dict[str, Any]) -> str:
     parts: list[str] = []
     acc = a.get("acceptance") or []
@@ -47,23 +62,11 @@ def format_tables(a: dict[str, Any]) -> str:
                     ">=5",
                     "top10%",
                 ],
-                [
-                    [
-                        e["workload"],
-                        e["method"],
-                        e["k_max"],
-                        e["n_requests"],
-                        e["mean"],
-                        e["std"],
-                        e["p5"],
-                        e["p50"],
-                        e["p95"],
-                        e["per_request"]["std"],
-                        e["heavy_tail"]["share_ge_burst"],
-                        e["heavy_tail"]["top10_share"],
-                    ]
-                    for e in acc
-                ],
+                pluck(
+                    acc,
+                    "workload method k_max n_requests mean std p5 p50 p95 per_request.std "
+                    "heavy_tail.share_ge_burst heavy_tail.top10_share",
+                ),
             )
         )
         parts.append("")
@@ -81,20 +84,7 @@ def format_tables(a: dict[str, Any]) -> str:
         parts.append(
             text_table(
                 ["workload", "method", "k", "reqs", "steps", "mean", "std", "p50", "p95"],
-                [
-                    [
-                        o["workload"],
-                        o["method"],
-                        o["k"],
-                        o["n_requests"],
-                        o["n_steps"],
-                        o["mean"],
-                        o["std"],
-                        o["p50"],
-                        o["p95"],
-                    ]
-                    for o in obs
-                ],
+                pluck(obs, OBSERVED_KEYS),
             )
         )
         parts.append("")
@@ -104,20 +94,11 @@ def format_tables(a: dict[str, Any]) -> str:
         parts.append(
             text_table(
                 ["workload", "free", "model", "reqs", "overlap", "adv", "free wins", "pearson", "crossover"],
-                [
-                    [
-                        g["workload"],
-                        g["free_method"],
-                        g["model_method"],
-                        g["n"],
-                        g["mean_overlap"],
-                        g["mean_advantage"],
-                        g["share_free_wins"],
-                        g["pearson"],
-                        g["crossover_overlap"],
-                    ]
-                    for g in ov["groups"]
-                ],
+                pluck(
+                    ov["groups"],
+                    "workload free_method model_method n mean_overlap mean_advantage share_free_wins pearson "
+                    "crossover_overlap",
+                ),
             )
         )
         parts.append("")
@@ -137,20 +118,11 @@ def format_tables(a: dict[str, Any]) -> str:
                     "combine",
                     "gap",
                 ],
-                [
-                    [
-                        r["workload"],
-                        r["batching"],
-                        r["batch_size"],
-                        r["best_measured"],
-                        r["best_measured_method"],
-                        r["oracle_best_single"],
-                        r["oracle_best_single_policy"],
-                        r["oracle_combine"],
-                        r["gap_combine"],
-                    ]
-                    for r in og["rows"]
-                ],
+                pluck(
+                    og["rows"],
+                    "workload batching batch_size best_measured best_measured_method oracle_best_single "
+                    "oracle_best_single_policy oracle_combine gap_combine",
+                ),
             )
         )
         parts.append("")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from speclab.analyze.results import config_files, method_label, read_results
+from speclab.analyze.tables import OBSERVED_KEYS, fmt, pluck
 from speclab.atomic import atomic_write_bytes, atomic_write_text
 from speclab.errors import SpeclabError
 from speclab.report import figures as F
@@ -59,11 +60,7 @@ def _e(x: Any) -> str:
 
 
 def _f(v: Any, digits: int = 2) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return _e(v)
+    return _e(fmt(v, digits))
 
 
 def _table(
@@ -293,20 +290,11 @@ def build_report(
                     "its speedup",
                     "source",
                 ],
-                [
-                    [
-                        r["workload"],
-                        r["batching"],
-                        r["batch_size"],
-                        r["recommend"],
-                        r["best_speedup"],
-                        r["verdict"],
-                        r["runner_up"],
-                        r["runner_up_speedup"],
-                        r["source"],
-                    ]
-                    for r in recs
-                ],
+                pluck(
+                    recs,
+                    "workload batching batch_size recommend best_speedup verdict runner_up runner_up_speedup "
+                    "source",
+                ),
                 left=2,
                 row_classes=[{"SD off": "off", "marginal": "marginal"}.get(r["verdict"], "") for r in recs],
             )
@@ -349,26 +337,11 @@ def build_report(
                     "top10%",
                     "proposal rate",
                 ],
-                [
-                    [
-                        e["workload"],
-                        e["method"],
-                        e["k_max"],
-                        e["n_requests"],
-                        e["n_positions"],
-                        e["mean"],
-                        e["std"],
-                        e["p5"],
-                        e["p50"],
-                        e["p95"],
-                        e["per_request"]["std"],
-                        e["heavy_tail"]["share_ge_burst"],
-                        e["heavy_tail"]["p95_over_p50"],
-                        e["heavy_tail"]["top10_share"],
-                        e["proposal_rate"],
-                    ]
-                    for e in acc
-                ],
+                pluck(
+                    acc,
+                    "workload method k_max n_requests n_positions mean std p5 p50 p95 per_request.std "
+                    "heavy_tail.share_ge_burst heavy_tail.p95_over_p50 heavy_tail.top10_share proposal_rate",
+                ),
                 left=2,
             ).replace("&amp;ge;5", "&ge;5")
         )
@@ -391,20 +364,7 @@ def build_report(
         h.append(
             _table(
                 ["workload", "method", "k", "requests", "steps", "mean", "std", "p50", "p95"],
-                [
-                    [
-                        o["workload"],
-                        o["method"],
-                        o["k"],
-                        o["n_requests"],
-                        o["n_steps"],
-                        o["mean"],
-                        o["std"],
-                        o["p50"],
-                        o["p95"],
-                    ]
-                    for o in obs
-                ],
+                pluck(obs, OBSERVED_KEYS),
                 left=2,
             )
         )
@@ -430,21 +390,11 @@ def build_report(
                     "spearman",
                     "crossover",
                 ],
-                [
-                    [
-                        g["workload"],
-                        g["free_method"],
-                        g["model_method"],
-                        g["n"],
-                        g["mean_overlap"],
-                        g["mean_advantage"],
-                        g["share_free_wins"],
-                        g["pearson"],
-                        g["spearman"],
-                        g["crossover_overlap"],
-                    ]
-                    for g in overlap["groups"]
-                ],
+                pluck(
+                    overlap["groups"],
+                    "workload free_method model_method n mean_overlap mean_advantage share_free_wins pearson "
+                    "spearman crossover_overlap",
+                ),
                 left=3,
             )
         )
@@ -480,21 +430,11 @@ def build_report(
                     "gap single",
                     "gap combine",
                 ],
-                [
-                    [
-                        g["workload"],
-                        g["batching"],
-                        g["batch_size"],
-                        g["best_measured"],
-                        g["best_measured_method"],
-                        g["oracle_best_single"],
-                        g["oracle_best_single_policy"],
-                        g["oracle_combine"],
-                        g["gap_single"],
-                        g["gap_combine"],
-                    ]
-                    for g in gap["rows"]
-                ],
+                pluck(
+                    gap["rows"],
+                    "workload batching batch_size best_measured best_measured_method oracle_best_single "
+                    "oracle_best_single_policy oracle_combine gap_single gap_combine",
+                ),
                 left=2,
             )
         )
