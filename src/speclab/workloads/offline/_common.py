@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sysconfig
+from collections.abc import Iterable
 from pathlib import Path
 
-from speclab.workloads.base import WorkloadError
+from speclab.workloads.base import Prompt, WorkloadError
 
 DEFAULT_SIZE = 500  # prompts built when no --limit is given
 
@@ -47,3 +48,22 @@ def python_files(root: Path) -> list[Path]:
 
 def target_size(limit: int | None) -> int:
     return DEFAULT_SIZE if limit is None else limit
+
+
+def take_distinct(candidates: Iterable[Prompt], want: int) -> list[Prompt]:
+    """The first `want` candidates with distinct ids (a repeated prompt is skipped).
+
+    Candidates are drawn lazily, so a generator driven by a seeded rng draws no more than it needs.
+    """
+    prompts: list[Prompt] = []
+    seen: set[str] = set()
+    if want <= 0:
+        return prompts
+    for p in candidates:
+        if p.id in seen:
+            continue
+        seen.add(p.id)
+        prompts.append(p)
+        if len(prompts) >= want:
+            break
+    return prompts

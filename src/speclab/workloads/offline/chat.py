@@ -8,9 +8,10 @@ user turn as in a real chat log. Generated from templates; no answers are known 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, assistant, content_id, user
-from speclab.workloads.offline._common import target_size
+from speclab.workloads.offline._common import take_distinct, target_size
 from speclab.workloads.registry import register_workload
 
 NAME = "offline-chat"
@@ -97,33 +98,25 @@ def _multi(r: random.Random) -> list[dict]:
     ]  # fmt: skip
 
 
+def _generate(rng: random.Random, attempts: int) -> Iterator[Prompt]:
+    for _ in range(attempts):
+        multi = rng.random() < 0.3
+        messages = _multi(rng) if multi else _single(rng)
+        yield Prompt(
+            id=content_id(NAME, messages),
+            workload=NAME,
+            category="chat",
+            messages=messages,
+            reference=None,
+            meta={"stands_in_for": "sharegpt", "turns": len(messages)},
+        )
+
+
 def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
     if source:
         raise WorkloadError(f"{NAME} is generated and takes no --source")
-    rng = random.Random(seed)
     want = target_size(limit)
-    prompts: list[Prompt] = []
-    seen: set[str] = set()
-    attempts = 0
-    while len(prompts) < want and attempts < want * 50:
-        attempts += 1
-        multi = rng.random() < 0.3
-        messages = _multi(rng) if multi else _single(rng)
-        pid = content_id(NAME, messages)
-        if pid in seen:
-            continue
-        seen.add(pid)
-        prompts.append(
-            Prompt(
-                id=pid,
-                workload=NAME,
-                category="chat",
-                messages=messages,
-                reference=None,
-                meta={"stands_in_for": "sharegpt", "turns": len(messages)},
-            )
-        )
-    return prompts
+    return take_distinct(_generate(random.Random(seed), want * 50), want)
 
 
 register_workload(

@@ -14,11 +14,12 @@ import random
 import re
 import textwrap
 import tokenize
+from collections.abc import Iterator
 from pathlib import Path
 
 from speclab.workloads import formats
-from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, content_id, dedupe, user
-from speclab.workloads.offline._common import python_files, stdlib_dir, target_size
+from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, content_id, user
+from speclab.workloads.offline._common import python_files, stdlib_dir, take_distinct, target_size
 from speclab.workloads.registry import register_workload
 
 NAME = "offline-code-edit"
@@ -175,22 +176,19 @@ def _make_edit(
             ref = _rename(src, name, new, keep_call_keywords=True)
             if ref:
                 return kind, f"Rename the function `{name}` to `{new}`.", ref
-        elif kind == "rename_parameter":
-            params = _params(fn)
-            if params:
-                old = rng.choice(params)
+        elif kind in ("rename_parameter", "rename_variable"):
+            names = _params(fn) if kind == "rename_parameter" else _locals(fn)
+            if names:
+                old = rng.choice(names)
                 new = _new_var(old, rng)
                 ref = _rename(src, old, new, keep_call_keywords=True)
                 if ref:
-                    return kind, f"Rename the parameter `{old}` of `{name}` to `{new}`.", ref
-        elif kind == "rename_variable":
-            local_names = _locals(fn)
-            if local_names:
-                old = rng.choice(local_names)
-                new = _new_var(old, rng)
-                ref = _rename(src, old, new, keep_call_keywords=True)
-                if ref:
-                    return kind, f"Rename the local variable `{old}` to `{new}`.", ref
+                    what = (
+                        f"parameter `{old}` of `{name}`"
+                        if kind == "rename_parameter"
+                        else f"local variable `{old}`"
+                    )
+                    return kind, f"Rename the {what} to `{new}`.", ref
         elif kind == "change_constant":
             toks = _tokens(src)
             nums = [i for i, t in enumerate(toks) if t.type == tokenize.NUMBER and t.string.isdigit()]
@@ -212,19 +210,8 @@ def _make_edit(
     return None
 
 
-def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
-    root = Path(source) if source else stdlib_dir()
-    files = python_files(root)
-    if not files:
-        raise WorkloadError(f"{NAME}: no Python source files under {root}")
-    rng = random.Random(seed)
-    rng.shuffle(files)
-    want = target_size(limit)
-    prompts: list[Prompt] = []
-    seen: set[str] = set()
+def _generate(files: list[Path], root: Path, seed: int) -> Iterator[Prompt]:
     for path in files:
-        if len(prompts) >= want:
-            break
         cands = _candidates(path)
         # Each file gets its own generator so the stream does not depend on what earlier files contained.
         frng = random.Random(f"{seed}:{path.name}:{len(cands)}")
@@ -236,31 +223,32 @@ def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
             code = f"```python\n{src.rstrip()}\n```"
             content, (b0, b1) = formats.code_edit(code, instruction)
             messages = [user(content)]
-            pid = content_id(NAME, messages)
-            if pid in seen:
-                continue
-            seen.add(pid)
             rel = str(path.relative_to(root)) if root.is_dir() else path.name
-            prompts.append(
-                Prompt(
-                    id=pid,
-                    workload=NAME,
-                    category="code-editing",
-                    messages=messages,
-                    reference=f"```python\n{ref.rstrip()}\n```" if ref else None,
-                    meta={
-                        "stands_in_for": "instructcoder",
-                        "edit": kind,
-                        "source_file": rel,
-                        "function": qual,
-                        "function_lines": src.count("\n") + 1,
-                        "truncate": {"message": 0, "start": b0, "end": b1},
-                    },
-                )
+            yield Prompt(
+                id=content_id(NAME, messages),
+                workload=NAME,
+                category="code-editing",
+                messages=messages,
+                reference=f"```python\n{ref.rstrip()}\n```" if ref else None,
+                meta={
+                    "stands_in_for": "instructcoder",
+                    "edit": kind,
+                    "source_file": rel,
+                    "function": qual,
+                    "function_lines": src.count("\n") + 1,
+                    "truncate": {"message": 0, "start": b0, "end": b1},
+                },
             )
-            if len(prompts) >= want:
-                break
-    return dedupe(prompts)
+
+
+def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
+    root = Path(source) if source else stdlib_dir()
+    files = python_files(root)
+    if not files:
+        raise WorkloadError(f"{NAME}: no Python source files under {root}")
+    rng = random.Random(seed)
+    rng.shuffle(files)
+    return take_distinct(_generate(files, root, seed), target_size(limit))
 
 
 register_workload(

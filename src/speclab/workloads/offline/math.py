@@ -6,11 +6,11 @@ The prompt uses the same instruction as the gsm8k study workload (step by step, 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from speclab.workloads import formats
 from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, content_id, user
-from speclab.workloads.offline._common import target_size
+from speclab.workloads.offline._common import take_distinct, target_size
 from speclab.workloads.registry import register_workload
 
 NAME = "offline-math"
@@ -164,37 +164,28 @@ TEMPLATES: list[Callable[[random.Random], Problem]] = [
 ]  # fmt: skip
 
 
-def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
-    if source:
-        raise WorkloadError(f"{NAME} is generated and takes no --source")
-    rng = random.Random(seed)
-    want = target_size(limit)
-    prompts: list[Prompt] = []
-    seen: set[str] = set()
-    attempts = dupes = 0
-    while len(prompts) < want and attempts < want * 50:
-        attempts += 1
+def _generate(rng: random.Random, attempts: int) -> Iterator[Prompt]:
+    for i in range(attempts):
         # round-robin keeps the mix even at any limit; a duplicate moves on to the next template
-        tmpl = TEMPLATES[(len(prompts) + dupes) % len(TEMPLATES)]
+        tmpl = TEMPLATES[i % len(TEMPLATES)]
         question, answer = tmpl(rng)
         content, _ = formats.math(question)
         messages = [user(content)]
-        pid = content_id(NAME, messages)
-        if pid in seen:
-            dupes += 1
-            continue
-        seen.add(pid)
-        prompts.append(
-            Prompt(
-                id=pid,
-                workload=NAME,
-                category="math",
-                messages=messages,
-                reference=str(answer),
-                meta={"stands_in_for": "gsm8k", "template": tmpl.__name__.lstrip("_"), "answer": answer},
-            )
+        yield Prompt(
+            id=content_id(NAME, messages),
+            workload=NAME,
+            category="math",
+            messages=messages,
+            reference=str(answer),
+            meta={"stands_in_for": "gsm8k", "template": tmpl.__name__.lstrip("_"), "answer": answer},
         )
-    return prompts
+
+
+def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
+    if source:
+        raise WorkloadError(f"{NAME} is generated and takes no --source")
+    want = target_size(limit)
+    return take_distinct(_generate(random.Random(seed), want * 50), want)
 
 
 register_workload(

@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 
 from speclab.workloads import formats
 from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, content_id, user
-from speclab.workloads.offline._common import target_size
+from speclab.workloads.offline._common import take_distinct, target_size
 from speclab.workloads.registry import register_workload
 
 NAME = "offline-reasoning"
@@ -159,17 +159,9 @@ def _choices(answer: int, r: random.Random) -> tuple[list[str], int]:
     return [str(o) for o in opts], opts.index(answer)
 
 
-def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
-    if source:
-        raise WorkloadError(f"{NAME} is generated and takes no --source")
-    rng = random.Random(seed)
-    want = target_size(limit)
-    prompts: list[Prompt] = []
-    seen: set[str] = set()
-    attempts = dupes = 0
-    while len(prompts) < want and attempts < want * 50:
-        attempts += 1
-        tmpl = TEMPLATES[(len(prompts) + dupes) % len(TEMPLATES)]
+def _generate(rng: random.Random, attempts: int) -> Iterator[Prompt]:
+    for i in range(attempts):
+        tmpl = TEMPLATES[i % len(TEMPLATES)]  # round-robin; a duplicate moves on to the next template
         problem, answer = tmpl(rng)
         if rng.random() < 0.25:
             opts, idx = _choices(answer, rng)
@@ -179,28 +171,27 @@ def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
             content, (b0, b1) = formats.reasoning(problem)
             reference, style = str(answer), "boxed"
         messages = [user(content)]
-        pid = content_id(NAME, messages)
-        if pid in seen:
-            dupes += 1
-            continue
-        seen.add(pid)
-        prompts.append(
-            Prompt(
-                id=pid,
-                workload=NAME,
-                category="reasoning",
-                messages=messages,
-                reference=reference,
-                meta={
-                    "stands_in_for": "gpqa" if style == "multiple-choice" else "aime",
-                    "template": tmpl.__name__.lstrip("_"),
-                    "style": style,
-                    "answer": answer,
-                    "truncate": {"message": 0, "start": b0, "end": b1},
-                },
-            )
+        yield Prompt(
+            id=content_id(NAME, messages),
+            workload=NAME,
+            category="reasoning",
+            messages=messages,
+            reference=reference,
+            meta={
+                "stands_in_for": "gpqa" if style == "multiple-choice" else "aime",
+                "template": tmpl.__name__.lstrip("_"),
+                "style": style,
+                "answer": answer,
+                "truncate": {"message": 0, "start": b0, "end": b1},
+            },
         )
-    return prompts
+
+
+def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
+    if source:
+        raise WorkloadError(f"{NAME} is generated and takes no --source")
+    want = target_size(limit)
+    return take_distinct(_generate(random.Random(seed), want * 50), want)
 
 
 register_workload(

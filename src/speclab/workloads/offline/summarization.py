@@ -18,7 +18,7 @@ from pathlib import Path
 
 from speclab.workloads import formats
 from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, content_id, user
-from speclab.workloads.offline._common import python_files, stdlib_dir, target_size
+from speclab.workloads.offline._common import python_files, stdlib_dir, take_distinct, target_size
 from speclab.workloads.registry import register_workload
 
 NAME = "offline-summarization"
@@ -154,34 +154,25 @@ def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
     rng = random.Random(seed)
     order = list(range(len(pool)))
     rng.shuffle(order)
-    prompts: list[Prompt] = []
-    seen: set[str] = set()
-    for i in order:
-        if len(prompts) >= target_size(limit):
-            break
-        origin, passage = pool[i]
-        content, (b0, b1) = formats.summarize(passage, what="text")
-        messages = [user(content)]
-        pid = content_id(NAME, messages)
-        if pid in seen:
-            continue
-        seen.add(pid)
-        prompts.append(
-            Prompt(
-                id=pid,
-                workload=NAME,
-                category="summarization",
-                messages=messages,
-                reference=None,
-                meta={
-                    "stands_in_for": "cnn-dailymail",
-                    "origin": origin,
-                    "words": len(passage.split()),
-                    "truncate": {"message": 0, "start": b0, "end": b1},
-                },
-            )
-        )
-    return prompts
+    return take_distinct((_prompt(*pool[i]) for i in order), target_size(limit))
+
+
+def _prompt(origin: str, passage: str) -> Prompt:
+    content, (b0, b1) = formats.summarize(passage, what="text")
+    messages = [user(content)]
+    return Prompt(
+        id=content_id(NAME, messages),
+        workload=NAME,
+        category="summarization",
+        messages=messages,
+        reference=None,
+        meta={
+            "stands_in_for": "cnn-dailymail",
+            "origin": origin,
+            "words": len(passage.split()),
+            "truncate": {"message": 0, "start": b0, "end": b1},
+        },
+    )
 
 
 register_workload(
