@@ -208,15 +208,16 @@ def crosscheck(
     records = load_records(run)
     replay_fn, skipped = make_run_replay_fn(Path(run), opts)
     res = crosscheck_records(records, replay_fn, max_model_len=opts["max_model_len"])
-    summary = res.summary(by_workload=by_workload)
+    mismatches = res.mismatches()
     payload = {
         "run": str(run),
         "summary": res.summary(),
         "by_workload": res.summary(by_workload=True),
         "skipped_methods": skipped,
-        "mismatches": [vars(m) for m in res.mismatches()],
+        "mismatches": [vars(m) for m in mismatches],
         "explained": [vars(m) for m in res.per_request if m.status in ("output_end", "max_model_len")],
     }
+    summary = payload["by_workload" if by_workload else "summary"]
     if out:
         atomic_write_text(out, json.dumps(payload, indent=2) + "\n")
     if as_json:
@@ -232,5 +233,5 @@ def crosscheck(
         )
     for name, why in skipped.items():
         click.echo(f"{name:28s} skipped: {why}")
-    for m in res.mismatches()[:show]:
+    for m in mismatches[:show]:
         click.echo(f"  mismatch {m.id} ({m.method}, k={m.k}): {m.first_diff}")
