@@ -201,14 +201,13 @@ def command(
     )
     for n in results[0].notes if results else []:
         click.echo(f"note: {n}", err=True)
-    rows = _rows(results)
     if csv_path:
         from speclab.atomic import atomic_write_text
 
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=CSV_FIELDS)
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(_rows(results))
         atomic_write_text(csv_path, buf.getvalue())
     if plot_path:
         _plot(
