@@ -133,28 +133,49 @@ class EagleHead:
         p = torch.softmax(s, dim=-1)
         return torch.einsum("nhm,nmhd->nhd", p, v.expand(q.shape[0], -1, -1, -1))
 
+    def _input(self, tokens: Any, feats: Any) -> Any:
+        """z = fc([embed(tokens), feats])."""
+        torch = _torch()
+        return torch.cat([self.embed[tokens], feats], dim=-1) @ self.w["fc.weight"].T
+
+    def _qkv(self, x: Any, residual: Any, p: str, pos: Any) -> tuple[Any, Any, Any, Any]:
+        """Residual add and input norm of layer p, then q, k (both rotated) and v: (residual, q, k, v)."""
+        w, n = self.w, x.shape[0]
+        if residual is None:
+            residual, hs = x, self._rms(x, p + "input_layernorm.weight")
+        else:
+            hs = x + residual
+            residual, hs = hs, self._rms(hs, p + "input_layernorm.weight")
+        q = self._rope((hs @ w[p + "self_attn.q_proj.weight"].T).view(n, self.nh, self.hd), pos)
+        k = self._rope((hs @ w[p + "self_attn.k_proj.weight"].T).view(n, self.nkv, self.hd), pos)
+        v = (hs @ w[p + "self_attn.v_proj.weight"].T).view(n, self.nkv, self.hd)
+        return residual, q, k, v
+
+    def _out(self, a: Any, residual: Any, p: str) -> tuple[Any, Any]:
+        """o_proj of the attention output a [N, nh, hd], residual add, post-attention norm and MLP of layer p:
+        (x, residual)."""
+        torch = _torch()
+        w = self.w
+        x = a.reshape(a.shape[0], -1) @ w[p + "self_attn.o_proj.weight"].T
+        hs = x + residual
+        residual, hs = hs, self._rms(hs, p + "post_attention_layernorm.weight")
+        gate = hs @ w[p + "mlp.gate_proj.weight"].T
+        up = hs @ w[p + "mlp.up_proj.weight"].T
+        return (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T, residual
+
     def step(self, tokens: Any, feats: Any, pos: Any, ctx_kv: list[tuple[Any, Any]] | None, ctx_len: Any,
              chain_kv: list[tuple[Any, Any]] | None) -> tuple[Any, list[tuple[Any, Any]]]:  # fmt: skip
         """One chain step for N independent queries. Query n attends to ctx_kv entries [0, ctx_len[n]) (shared
         [1, S, nkv, hd] per layer), its own chain entries chain_kv [N, c, nkv, hd] and itself.
         Returns (head output g [N, H], this step's (k, v) per layer, [N, nkv, hd])."""
         torch = _torch()
-        w = self.w
-        x = torch.cat([self.embed[tokens], feats], dim=-1) @ w["fc.weight"].T
+        x = self._input(tokens, feats)
         residual = None
         new_kv = []
         n = x.shape[0]
         for i in range(self.n_layers):
             p = f"layers.{i}."
-            if residual is None:
-                residual, hs = x, self._rms(x, p + "input_layernorm.weight")
-            else:
-                hs = x + residual
-                residual, hs = hs, self._rms(hs, p + "input_layernorm.weight")
-            q = (hs @ w[p + "self_attn.q_proj.weight"].T).view(n, self.nh, self.hd)
-            k = (hs @ w[p + "self_attn.k_proj.weight"].T).view(n, self.nkv, self.hd)
-            v = (hs @ w[p + "self_attn.v_proj.weight"].T).view(n, self.nkv, self.hd)
-            q, k = self._rope(q, pos), self._rope(k, pos)
+            residual, q, k, v = self._qkv(x, residual, p, pos)
             new_kv.append((k, v))
             keys, vals, masks = [], [], []
             if ctx_kv is not None:
@@ -170,12 +191,7 @@ class EagleHead:
             vals.append(v[:, None])
             masks.append(torch.ones(n, 1, dtype=torch.bool))
             a = self._attend(q, torch.cat(keys, 1), torch.cat(vals, 1), torch.cat(masks, 1))
-            x = a.reshape(n, -1) @ w[p + "self_attn.o_proj.weight"].T
-            hs = x + residual
-            residual, hs = hs, self._rms(hs, p + "post_attention_layernorm.weight")
-            gate = hs @ w[p + "mlp.gate_proj.weight"].T
-            up = hs @ w[p + "mlp.up_proj.weight"].T
-            x = (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+            x, residual = self._out(a, residual, p)
         return x + residual, new_kv
 
     def causal(self, tokens: Any, feats: Any) -> tuple[Any, list[tuple[Any, Any]]]:
@@ -184,29 +200,16 @@ class EagleHead:
         n = tokens.shape[0]
         pos = torch.arange(n)
         # a causal pass is n queries, each seeing the cache up to itself: compute k/v first, layer by layer
-        w = self.w
-        x = torch.cat([self.embed[tokens], feats], dim=-1) @ w["fc.weight"].T
+        x = self._input(tokens, feats)
         residual = None
         cache = []
         causal = torch.ones(n, n, dtype=torch.bool).tril()
         for i in range(self.n_layers):
             p = f"layers.{i}."
-            if residual is None:
-                residual, hs = x, self._rms(x, p + "input_layernorm.weight")
-            else:
-                hs = x + residual
-                residual, hs = hs, self._rms(hs, p + "input_layernorm.weight")
-            q = self._rope((hs @ w[p + "self_attn.q_proj.weight"].T).view(n, self.nh, self.hd), pos)
-            k = self._rope((hs @ w[p + "self_attn.k_proj.weight"].T).view(n, self.nkv, self.hd), pos)
-            v = (hs @ w[p + "self_attn.v_proj.weight"].T).view(n, self.nkv, self.hd)
+            residual, q, k, v = self._qkv(x, residual, p, pos)
             cache.append((k[None], v[None]))
             a = self._attend(q, k[None], v[None], causal)
-            x = a.reshape(n, -1) @ w[p + "self_attn.o_proj.weight"].T
-            hs = x + residual
-            residual, hs = hs, self._rms(hs, p + "post_attention_layernorm.weight")
-            gate = hs @ w[p + "mlp.gate_proj.weight"].T
-            up = hs @ w[p + "mlp.up_proj.weight"].T
-            x = (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+            x, residual = self._out(a, residual, p)
         return x + residual, cache
 
     def logits(self, g: Any) -> Any:
