@@ -61,7 +61,7 @@ def command(
         max_requests=max_requests,
         n_bins=bins,
         oracle=not no_oracle,
-        command=" ".join(["speclab", *map(shlex.quote, sys.argv[1:])]),
+        command=shlex.join(["speclab", *sys.argv[1:]]),
     )
     text = json.dumps(result, indent=1, default=str)
     if out:

@@ -140,7 +140,7 @@ def run_cmd(
         redo=list(redo),
         progress=not no_progress and sys.stderr.isatty(),
         echo=lambda s: click.echo(s, err=True),
-        command_line="speclab " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        command_line=shlex.join(["speclab", *sys.argv[1:]]),
     )
     click.echo("")
     click.echo(format_run(run_dir))

@@ -443,7 +443,7 @@ def build_report(
 
     # --- inputs and commands --------------------------------------------------------------------------------
     h.append('<h2 id="inputs">Inputs, commands and configuration</h2>')
-    cmd = command or " ".join(["speclab", *map(shlex.quote, sys.argv[1:])])
+    cmd = command or shlex.join(["speclab", *sys.argv[1:]])
     h.append(f"<p>This report: <code>{_e(cmd)}</code></p>")
     gen = (analysis.get("generated_by") or {}).get("command")
     if gen:
