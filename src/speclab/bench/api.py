@@ -7,14 +7,13 @@ outcome = run_bench(spec, "runs/demo", spec_text=text)
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from speclab.bench.preflight import PromptSet, preflight, render_workload
 from speclab.bench.runner import PromptProvider, SweepOutcome, run_sweep
-from speclab.bench.spec import SweepSpec, parse_sweep, preset_text
+from speclab.bench.spec import SweepSpec, parse_sweep, preset_text, read_sweep_file, sweep_toml
 from speclab.errors import ConfigError
 
 # Overrides a command line may apply on top of a sweep file (top-level keys, or engine.<key>).
@@ -49,18 +48,8 @@ def load_sweep_source(
     else:
         p = Path(path)  # type: ignore[arg-type]
         source = str(p)
-        try:
-            text = p.read_text()
-        except FileNotFoundError:
-            raise ConfigError(f"{p}: sweep file not found") from None
-        except IsADirectoryError:
-            raise ConfigError(f"{p}: is a directory, expected a sweep .toml file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{p}: cannot read sweep file: {exc}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: malformed TOML: {exc}") from None
+        text = read_sweep_file(p)
+    data = sweep_toml(text, source)
     for key, value in (overrides or {}).items():
         if value is None:
             continue

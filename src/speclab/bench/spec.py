@@ -377,19 +377,21 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
     )
 
 
-def parse_sweep_text(text: str, source: str = "sweep") -> SweepSpec:
+def sweep_toml(text: str, source: str) -> dict[str, Any]:
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         # the message already ends with "(at line L, column C)"
         raise ConfigError(f"{source}: malformed TOML: {exc}") from None
-    return parse_sweep(data, source)
 
 
-def load_sweep(path: str | Path) -> SweepSpec:
-    p = Path(path)
+def parse_sweep_text(text: str, source: str = "sweep") -> SweepSpec:
+    return parse_sweep(sweep_toml(text, source), source)
+
+
+def read_sweep_file(p: Path) -> str:
     try:
-        text = p.read_text()
+        return p.read_text()
     except FileNotFoundError:
         raise ConfigError(f"{p}: sweep file not found") from None
     except IsADirectoryError:
@@ -398,7 +400,11 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raise ConfigError(f"{p}: cannot read sweep file: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: not a text (UTF-8) file") from None
-    return parse_sweep_text(text, str(p))
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    p = Path(path)
+    return parse_sweep_text(read_sweep_file(p), str(p))
 
 
 # --- presets ----------------------------------------------------------------------------------------------
