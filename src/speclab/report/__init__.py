@@ -87,11 +87,14 @@ def _missing(text: str) -> str:
     return f'<div class="missing"><b>Missing input.</b> {_e(text)}</div>'
 
 
-def _pct(ts: dict[str, Any] | None, key: str) -> float | None:
+def _split_pct(ts: dict[str, Any] | None) -> list[float | None]:
+    """propose, verify and other as % of their sum (None each where unknown or zero)."""
+    parts = ("propose", "verify", "other")
     if not isinstance(ts, dict):
-        return None
-    total = sum(float(ts.get(k) or 0) for k in ("propose", "verify", "other"))
-    return 100.0 * float(ts.get(key) or 0) / total if total else None
+        return [None] * len(parts)
+    secs = [float(ts.get(k) or 0) for k in parts]
+    total = sum(secs)
+    return [100.0 * v / total if total else None for v in secs]
 
 
 def _results_table(rows: list[dict[str, Any]]) -> str:
@@ -118,9 +121,7 @@ def _results_table(rows: list[dict[str, Any]]) -> str:
                 sp,
                 r.get("throughput_tok_s"),
                 r.get("mean_acceptance_length"),
-                _pct(r.get("time_split_s"), "propose"),
-                _pct(r.get("time_split_s"), "verify"),
-                _pct(r.get("time_split_s"), "other"),
+                *_split_pct(r.get("time_split_s")),
                 None if rss is None else rss / F.GIB,
                 r.get("lossless"),
                 r.get("batching"),
