@@ -10,7 +10,6 @@ recorded as unknown (None), never invented.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from speclab.errors import TraceError
-from speclab.traces.model import CATEGORIES, KNOWN_METHODS, MethodTrace, RequestTrace
+from speclab.traces.model import CATEGORIES, KNOWN_METHODS, MethodTrace, RequestTrace, json_lines
 
 FORMATS = ("specdecode-bench", "speclab-jsonl")
 STUDY_K_MAX = 20
@@ -96,14 +95,7 @@ def import_specdecode_bench(
         except OSError as exc:
             raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
         with fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}: line {lineno}"
-                try:
-                    d = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise TraceError(f"{where}: not valid JSON ({exc.msg}; truncated file?)") from None
+            for lineno, where, d in json_lines(fh, path):
                 if not isinstance(d, dict):
                     raise TraceError(f"{where}: expected a JSON object per line, got {type(d).__name__}")
                 if "id" not in d:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,3 +216,16 @@ def _as_int_array(v: Any, where: str) -> np.ndarray:
 
 def dumps_jsonl_line(rec: RequestTrace) -> str:
     return json.dumps(rec.to_json_dict(), separators=(",", ":"))
+
+
+def json_lines(fh: Iterable[str], path: object) -> Iterator[tuple[int, str, Any]]:
+    """(line number, "PATH: line N", parsed value) for each non-blank line of a JSON Lines file."""
+    for lineno, line in enumerate(fh, 1):
+        if not line.strip():
+            continue
+        where = f"{path}: line {lineno}"
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{where}: not valid JSON ({exc.msg}; truncated file?)") from None
+        yield lineno, where, d

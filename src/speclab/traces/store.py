@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from speclab.atomic import atomic_path
 from speclab.errors import TraceError
-from speclab.traces.model import MethodTrace, RequestTrace, dumps_jsonl_line
+from speclab.traces.model import MethodTrace, RequestTrace, dumps_jsonl_line, json_lines
 
 SCHEMA_VERSION = "1"
 
@@ -185,13 +185,6 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[RequestTrace]:
     path = Path(path)
     out = []
     with open(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}: line {lineno}"
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceError(f"{where}: not valid JSON ({exc.msg}; truncated file?)") from None
+        for _, where, d in json_lines(fh, path):
             out.append(RequestTrace.from_json_dict(d, where))
     return out
