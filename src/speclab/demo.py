@@ -9,14 +9,13 @@
    policies at the same batch sizes (`speclab simulate`);
 5. analyze acceptance and write the HTML report (`speclab analyze`, `speclab report`).
 
-Each stage after the bench runs through its module's Python API and is skipped, with a note, if that module
-or its input is missing. Rerunning the demo with the same --out resumes: prepared models and finished bench
+Each stage after the bench runs through its module's Python API and is skipped, with a note, if its input
+is missing. Rerunning the demo with the same --out resumes: prepared models and finished bench
 cells are reused.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 import traceback
@@ -53,13 +52,6 @@ class DemoOutcome:
     report: Path | None = None
     notes: list[str] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
-
-
-def _have(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def run_demo(
@@ -135,9 +127,6 @@ def run_demo(
     traced = out_dir / "traced"
 
     def trace() -> Path | None:
-        if not _have("speclab.trace.replay"):
-            res.notes.append("trace: speclab.trace not installed; skipped")
-            return None
         from speclab.models import resolve_model
         from speclab.trace.replay import load_records, replay_records
         from speclab.traces import write_store
@@ -172,12 +161,10 @@ def run_demo(
 
     # 4. cost model + simulation
     def simulate_stage() -> Path | None:
-        if not (_have("speclab.costmodel") and _have("speclab.simulate")):
-            res.notes.append("simulate: speclab.costmodel/simulate not installed; skipped")
-            return None
         if res.traces is None:
             res.notes.append("simulate: no replayed traces; skipped")
             return None
+        from speclab.analyze import dedupe
         from speclab.costmodel import fit_cost_model
         from speclab.simulate import simulate
         from speclab.traces import read_store
@@ -188,7 +175,7 @@ def run_demo(
             return None
         cm = fit_cost_model(timings, name="demo-fitted")
         atomic_write_text(out_dir / "cost_model.toml", cm.to_toml(f"fitted by speclab demo from {timings}"))
-        records = _dedupe(read_store(res.traces))
+        records = dedupe(read_store(res.traces))[0]  # one per request (the bench stores a prompt per cell)
         # a policy needs replayed traces and a fitted drafting cost for each of its methods
         have = {m for r in records for m in r.methods} & set(cm.draft)
         policies = [p for p in SIM_POLICIES if all(m in have for m in _policy_methods(p))]
@@ -209,13 +196,10 @@ def run_demo(
 
     # 5. analysis + report
     def report_stage() -> None:
-        if not _have("speclab.report"):
-            res.notes.append("report: speclab.report not installed; skipped")
-            return
         from speclab.report import build_report
 
         analysis = None
-        if _have("speclab.analyze") and res.traces is not None:
+        if res.traces is not None:
             from speclab.analyze import analyze
 
             analysis = analyze(res.traces, run=run_dir, command="speclab demo")
@@ -248,16 +232,6 @@ def _policy_methods(policy: str) -> list[str]:
     return []
 
 
-def _dedupe(records: list) -> list:
-    """One record per distinct request (the bench stores each prompt once per cell)."""
-    try:
-        from speclab.analyze import dedupe
-
-        return dedupe(records)[0]
-    except ImportError:  # pragma: no cover
-        return records
-
-
 def _tqdm(desc: str, enabled: bool) -> Callable[[Any], Any] | None:
     if not enabled:
         return None
@@ -272,8 +246,6 @@ def _crosscheck(
     run_dir: Path, max_model_len: int, methods: list[str], echo: Callable[[str], None], res: DemoOutcome
 ) -> None:
     """Replay vs engine agreement per method (the replay must reproduce what vLLM accepted)."""
-    if not _have("speclab.trace.crosscheck"):
-        return
     from speclab.trace.crosscheck import crosscheck_records
     from speclab.trace.replay import load_records
     from speclab.trace.runs import make_run_replay_fn
