@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from helpers import fake_simulator  # tests/ is on sys.path (pytest prepend mode)
 from speclab.analyze import acceptance_stats, analyze, bleu4_precision, format_tables, observed_stats
 from speclab.analyze.acceptance import heavy_tail, summary
 from speclab.analyze.oracle import oracle_gap
@@ -27,39 +28,6 @@ def rec(rid, ngram, eagle, prompt=None, output=None, workload="w", observed=None
         methods={"ngram": MethodTrace(k_max=7, acc_len=ngram), "eagle": MethodTrace(k_max=7, acc_len=eagle)},
         meta={"observed": observed} if observed else {},
     )
-
-
-def fake_simulator(monkeypatch):
-    """A stand-in for speclab.simulate: speedup = mean acc of the policy's method / (1 + bs/16)."""
-
-    def simulate(traces, cost_model, policies, batching, batch_sizes, seed=42, **_):
-        out = []
-        for bs in batch_sizes:
-            for p in policies:
-                if p == "none":
-                    sp = 1.0
-                else:
-                    methods = p.split(":")[1].split(",")
-                    acc = max(np.mean([t.methods[m].acc_len[1:].mean() for t in traces]) for m in methods)
-                    boost = (
-                        1.3 if p.startswith("oracle-combine") else (1.1 if p.startswith("oracle") else 1.0)
-                    )
-                    sp = boost * acc / (1 + bs / 16)
-                out.append(
-                    types.SimpleNamespace(
-                        to_dict=lambda bs=bs, p=p, sp=sp: {
-                            "batch_size": bs,
-                            "policy": p,
-                            "speedup": sp,
-                            "throughput_tok_s": 100 * sp,
-                        }
-                    )
-                )
-        return out
-
-    mod = types.ModuleType("speclab.simulate")
-    mod.simulate = simulate
-    monkeypatch.setitem(sys.modules, "speclab.simulate", mod)
 
 
 def test_summary_and_hist_and_rates():

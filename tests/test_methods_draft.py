@@ -5,24 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import assert_replay_equals_naive_chains, tiny_llama
 from speclab.methods.draft_model import DraftModelProposer, runs_of_hits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-
-
-def _tiny_llama(seed: int, vocab: int = 13):
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    return transformers.LlamaForCausalLM(cfg).float().eval()
 
 
 def test_runs_of_hits() -> None:
@@ -32,7 +19,7 @@ def test_runs_of_hits() -> None:
 
 def test_replay_equals_naive_chains() -> None:
     torch.set_num_threads(1)  # tiny model: threads only add contention on a shared machine
-    model = _tiny_llama(0)
+    model = tiny_llama(0, vocab=13)
     prop = DraftModelProposer(model, chunk=16)  # small chunks: exercises the reused KV cache
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 13, size=9)
@@ -49,10 +36,4 @@ def test_replay_equals_naive_chains() -> None:
     acc, nprop = prop.replay(prompt, out, k_max)
     assert (nprop == k_max).all()
     assert acc.max() > 2
-    x = np.concatenate([prompt, out])
-    for p in range(len(out)):
-        d = prop.propose(x[: len(prompt) + p], k_max)
-        a = 0
-        while a < len(d) and p + a < len(out) and d[a] == out[p + a]:
-            a += 1
-        assert acc[p] == a + 1, p
+    assert_replay_equals_naive_chains(prop, prompt, out, acc, k_max)

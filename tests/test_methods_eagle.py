@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import assert_replay_equals_naive_chains, tiny_llama
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -14,11 +16,8 @@ from speclab.methods.eagle import EagleHead, EagleProposer  # noqa: E402
 
 def test_eagle_replay_equals_naive_chains() -> None:
     torch.set_num_threads(1)
-    torch.manual_seed(0)
     vocab = 11
-    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
-    target = transformers.LlamaForCausalLM(cfg).float().eval()
+    target = tiny_llama(0, vocab=vocab, max_positions=256)
     hcfg = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
             "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}  # fmt: skip
     head = EagleHead.random(
@@ -40,13 +39,7 @@ def test_eagle_replay_equals_naive_chains() -> None:
     acc, nprop = prop.replay(prompt, out, k_max)
     assert (nprop == k_max).all()
     assert acc.max() >= 3
-    x = np.concatenate([prompt, out])
-    for p in range(len(out)):
-        d = prop.propose(x[: len(prompt) + p], k_max)
-        a = 0
-        while a < len(d) and p + a < len(out) and d[a] == out[p + a]:
-            a += 1
-        assert acc[p] == a + 1, (p, acc[p], a + 1)
+    assert_replay_equals_naive_chains(prop, prompt, out, acc, k_max)
 
 
 def test_eagle_without_head_is_refused() -> None:

@@ -5,12 +5,12 @@ import re
 import pytest
 from click.testing import CliRunner
 
+from helpers import fake_simulator  # tests/ is on sys.path (pytest prepend mode)
 from speclab.analyze import analyze
 from speclab.analyze.synthetic import synthetic_results, write_synthetic_run
 from speclab.errors import SpeclabError
 from speclab.report import build_report
 from speclab.report.recommend import headline, recommendations
-from test_analyze import fake_simulator  # tests/ is on sys.path (pytest prepend mode)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from matplotlib import image as mpimg
 
+from helpers import fake_simulator  # tests/ is on sys.path (pytest prepend mode)
 from speclab.analyze.synthetic import write_synthetic_run
 from speclab.report import build_report
-from test_analyze import fake_simulator  # tests/ is on sys.path (pytest prepend mode)
 
 CHROMIUM = os.environ.get("SPECLAB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 
