@@ -281,9 +281,9 @@ def acceptance_position(acc: list[dict[str, Any]] | None) -> Figure | None:
 
 
 def per_request_spread(acc: list[dict[str, Any]] | None) -> Figure | None:
-    if not acc or not any(e["per_request"].get("values") for e in acc):
+    es = [e for e in acc or [] if e["per_request"].get("values")]
+    if not es:
         return None
-    es = [e for e in acc if e["per_request"].get("values")]
     fig = MplFigure(figsize=(max(6.0, 0.9 * len(es) + 2), 3.8), dpi=DPI, layout="constrained")
     ax = fig.subplots()
     ax.boxplot([e["per_request"]["values"] for e in es], whis=(5, 95), showfliers=True)
