@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from speclab.errors import SpeclabError
+from speclab.errors import ConfigError, SpeclabError
 
 # subcommand name -> (module under speclab.cli, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -26,6 +26,16 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("analyze", "Acceptance analysis: per workload and method statistics, oracle gaps."),
     "report": ("report", "Write the HTML report with plots."),
 }
+
+
+def int_list(value: str | None, what: str) -> list[int] | None:
+    """A comma-separated option value as integers (None stays None); `what` names the option in errors."""
+    if value is None:
+        return None
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{what}: expected comma-separated integers, got {value!r}") from None
 
 
 class LazyGroup(click.Group):

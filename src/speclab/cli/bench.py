@@ -13,6 +13,7 @@ import sys
 
 import click
 
+from speclab.cli import int_list
 from speclab.errors import ConfigError
 
 _SUBCOMMANDS = ("run", "show", "presets")
@@ -36,15 +37,6 @@ def command() -> None:
     speclab bench --preset demo-cpu --out RUN  run a shipped preset (see `speclab bench presets`)
     speclab bench show RUN                     print the results table
     """
-
-
-def _int_list(value: str | None, what: str) -> list[int] | None:
-    if value is None:
-        return None
-    try:
-        return [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{what}: expected comma-separated integers, got {value!r}") from None
 
 
 def _str_list(value: str | None) -> list[str] | None:
@@ -108,7 +100,7 @@ def run_cmd(
     overrides = {
         "num_prompts": num_prompts,
         "max_tokens": max_tokens,
-        "batch_sizes": _int_list(batch_sizes, "--batch-sizes"),
+        "batch_sizes": int_list(batch_sizes, "--batch-sizes"),
         "workloads": _str_list(workloads),
         "batching": ["replicate", "continuous"] if batching == "both" else batching,
         "engine.enforce_eager": enforce_eager,

@@ -7,16 +7,7 @@ import sys
 
 import click
 
-
-def _int_list(value: str | None) -> list[int] | None:
-    if value is None:
-        return None
-    from speclab.errors import ConfigError
-
-    try:
-        return [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--batch-sizes: expected comma-separated integers, got {value!r}") from None
+from speclab.cli import int_list
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -65,7 +56,7 @@ def command(
     overrides = {
         "num_prompts": num_prompts,
         "max_tokens": max_tokens,
-        "batch_sizes": _int_list(batch_sizes),
+        "batch_sizes": int_list(batch_sizes, "--batch-sizes"),
         "engine.enforce_eager": enforce_eager,
     }
     res = run_demo(
