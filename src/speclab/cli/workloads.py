@@ -118,7 +118,7 @@ def export_cmd(
     prompts = _load(name, limit, seed, source)
     tok = None
     if tokenizer is not None:
-        from speclab.workloads.render import load_tokenizer
+        from speclab.workloads.render import load_tokenizer, render_prompt
 
         tok = load_tokenizer(tokenizer)
     n_trunc = 0
@@ -126,14 +126,12 @@ def export_cmd(
         for p in prompts:
             row = p.to_dict()
             if tok is not None:
-                from speclab.workloads.render import render_prompt
-
-                full, _ = render_prompt(p, tok)
                 ids, truncated = render_prompt(p, tok, max_prompt_tokens)
                 row["prompt_token_ids"] = ids
                 row["prompt_len"] = len(ids)
                 row["truncated"] = truncated
-                row["untruncated_prompt_len"] = len(full)
+                # an untruncated prompt is the full rendering: tokenise again only when it was cut
+                row["untruncated_prompt_len"] = len(render_prompt(p, tok)[0]) if truncated else len(ids)
                 row["prompt_text"] = tok.decode(ids)  # exactly what the model reads, template included
                 n_trunc += truncated
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
