@@ -177,12 +177,27 @@ def baseline_outputs(run_dir: Path, row: dict[str, Any]) -> dict[str, list[int]]
 # --- rows and traces --------------------------------------------------------------------------------------
 
 
+def effective_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options the method ran with (custom_class: speclab's adapters read proposer_options)."""
+    if method == "custom_class":
+        from speclab.methods.vllm_custom import adapter_options
+
+        return adapter_options(options)
+    return dict(options)
+
+
 def trace_records(
-    cell: Cell, res: CellResult, prompts: dict[str, list[int]], category: str
+    cell: Cell,
+    res: CellResult,
+    prompts: dict[str, list[int]],
+    category: str,
+    max_model_len: int | None = None,
 ) -> list[RequestTrace]:
-    """One trace record per request (under replicate: the first copy of each prompt)."""
+    """One trace record per request (under replicate: the first copy of each prompt). meta["observed"]
+    also records the method's effective options and the engine's max_model_len, for the cross-check."""
     records = []
     observed_name = trace_method_name(cell.method.name, cell.method.options)
+    options = effective_options(cell.method.name, cell.method.options)
     for r in res.requests:
         if r.copy:
             continue
@@ -203,7 +218,10 @@ def trace_records(
                 "k": cell.method.k,
                 "per_step_accepted": list(r.per_step_accepted),
                 "per_step_drafted": list(r.per_step_drafted or []),
+                "options": options,
             }
+            if max_model_len is not None:
+                meta["observed"]["max_model_len"] = max_model_len
         records.append(
             RequestTrace(
                 id=f"{cell.cell_id}:{r.id}",

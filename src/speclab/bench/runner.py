@@ -550,7 +550,9 @@ class SweepRunner:
         trace_part = None
         if res.status == "ok":
             trace_part = write_trace_part(
-                self.run_dir, cell.cell_id, trace_records(cell, res, prompts, category)
+                self.run_dir,
+                cell.cell_id,
+                trace_records(cell, res, prompts, category, self.spec.max_model_len),
             )
         base_row, base_out = self._baseline_for(cell)
         row = build_row(

@@ -36,9 +36,26 @@ def _options(method: str) -> dict[str, Any]:
     opts = json.loads(raw) if raw else {}
     if not isinstance(opts, dict):
         raise ValueError(f"{OPTIONS_ENV} must be a JSON object")
+    return _for_method(opts, method)
+
+
+def _for_method(opts: dict[str, Any], method: str) -> dict[str, Any]:
     if any(k in opts for k in ("ngram", "suffix")):
         opts = opts.get(method) or {}
     return dict(opts)
+
+
+def adapter_options(engine_options: dict[str, Any]) -> dict[str, Any]:
+    """The options a custom_class engine ran with. For one of speclab's adapters (model
+    "speclab.methods.vllm_custom.<Class>") its proposer_options, resolved as the adapter resolves
+    SPECLAB_PROPOSER_OPTIONS, are merged in at the top level; anything else is returned as given."""
+    module, _, cls_name = str(engine_options.get("model", "")).rpartition(".")
+    cls = globals().get(cls_name) if module == __name__ else None
+    popts = engine_options.get("proposer_options")
+    if not (isinstance(cls, type) and issubclass(cls, _Base) and isinstance(popts, dict)):
+        return dict(engine_options)
+    rest = {k: v for k, v in engine_options.items() if k != "proposer_options"}
+    return {**rest, **_for_method(popts, cls.method)}
 
 
 class _Base:

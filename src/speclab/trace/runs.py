@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from speclab.bench.results import effective_options
 from speclab.methods import make_proposer
 from speclab.traces import RequestTrace
 
@@ -72,17 +73,26 @@ def replay_spec(
 
 
 def make_run_replay_fn(run: Path, cli: dict[str, Any]):
-    """A replay_fn for crosscheck_records, plus {method: reason} for methods it cannot replay."""
-    rows = _rows_by_cell(run)
+    """A replay_fn for crosscheck_records, plus {method: reason} for methods it cannot replay.
+
+    The method options and max_model_len come from the record's meta["observed"] where the bench recorded
+    them; for older runs, the options come from the cell's row in results.jsonl and max_model_len from cli."""
+    rows: dict[str, dict[str, Any]] | None = None  # results.jsonl, read only if a record needs it
     proposers: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
 
     def fn(rec: RequestTrace, method: str, k: int, observed: dict[str, Any]):
-        row = rows.get(str(rec.meta.get("cell_id")), {})
-        eopts = dict(row.get("method_options") or {})
-        eopts.update(observed.get("options") or {})
-        spec = replay_spec(method, eopts, cli)
+        nonlocal rows
+        if "options" in observed:
+            eopts = dict(observed["options"] or {})
+        else:
+            if rows is None:
+                rows = _rows_by_cell(run)
+            row = rows.get(str(rec.meta.get("cell_id")), {})
+            eopts = effective_options(str(row.get("method", "")), dict(row.get("method_options") or {}))
+        mml = observed.get("max_model_len")
+        spec = replay_spec(method, eopts, cli if mml is None else {**cli, "max_model_len": mml})
         if isinstance(spec, str):
             skipped[method] = spec
             return None
