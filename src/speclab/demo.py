@@ -264,12 +264,28 @@ def _crosscheck(
         return
     summary = crosscheck_records(records, fn, max_model_len=max_model_len).summary()
     for m, s in summary.items():
-        echo(
-            f"   cross-check {m}: {s['agree']}/{s['requests']} requests agree with vLLM "
-            f"({100 * s['agreement_rate']:.0f}%; steps {s['steps_matched']}/{s['steps_observed']})"
-        )
+        echo(f"   cross-check {m}: {_crosscheck_line(s)}")
     for m, why in skipped.items():
         echo(f"   cross-check {m}: skipped ({why})")
+
+
+def _crosscheck_line(s: dict[str, Any]) -> str:
+    """e.g. '96/96 requests agree with vLLM (81 exact, 15 differ only at the output end ...); steps 1320/1320'.
+    Requests whose last step reaches the end of the recorded output count as agreeing (see trace.crosscheck):
+    say so instead of showing only the exact ones."""
+    ok = s["agree"] + s["output_end"]
+    detail = [f"{s['agree']} exact"]
+    if s["output_end"]:
+        detail.append(
+            f"{s['output_end']} differ only at the output end, where vLLM may accept drafts past the "
+            "recorded output"
+        )
+    line = f"{ok}/{s['requests']} requests agree with vLLM ({', '.join(detail)})"
+    others = [f"{s[key]} {what}" for key, what in (("max_model_len", "differ near max_model_len (explained)"),
+                                                    ("mismatch", "mismatch(es)")) if s[key]]  # fmt: skip
+    if others:
+        line += f"; {', '.join(others)}"
+    return line + f"; steps {s['steps_matched']}/{s['steps_observed']}"
 
 
 def _format_sim(results: list, batch_sizes: list[int]) -> str:
