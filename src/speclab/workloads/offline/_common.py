@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import sysconfig
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from speclab.workloads.base import Prompt, WorkloadError
@@ -67,3 +68,18 @@ def take_distinct(candidates: Iterable[Prompt], want: int) -> list[Prompt]:
         if len(prompts) >= want:
             break
     return prompts
+
+
+def generated_build(
+    name: str, generate: Callable[[random.Random, int], Iterable[Prompt]]
+) -> Callable[[int | None, int, str | None], list[Prompt]]:
+    """The build function of a generated workload: generate(rng, attempts) yields candidate prompts from a
+    seeded rng; the first N distinct are kept (N = limit or the default), giving up after 50 * N attempts."""
+
+    def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
+        if source:
+            raise WorkloadError(f"{name} is generated and takes no --source")
+        want = target_size(limit)
+        return take_distinct(generate(random.Random(seed), want * 50), want)
+
+    return build

@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, assistant, content_id, user
-from speclab.workloads.offline._common import take_distinct, target_size
+from speclab.workloads.base import Prompt, WorkloadInfo, assistant, content_id, user
+from speclab.workloads.offline._common import generated_build
 from speclab.workloads.registry import register_workload
 
 NAME = "offline-chat"
@@ -112,13 +112,6 @@ def _generate(rng: random.Random, attempts: int) -> Iterator[Prompt]:
         )
 
 
-def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
-    if source:
-        raise WorkloadError(f"{NAME} is generated and takes no --source")
-    want = target_size(limit)
-    return take_distinct(_generate(random.Random(seed), want * 50), want)
-
-
 register_workload(
     WorkloadInfo(
         name=NAME,
@@ -128,5 +121,5 @@ register_workload(
         "ending with a user turn.",
         notes="Generated from templates; default 500 prompts (a few thousand distinct are possible).",
     ),
-    build,
+    generated_build(NAME, _generate),
 )

@@ -9,8 +9,8 @@ import random
 from collections.abc import Callable, Iterator
 
 from speclab.workloads import formats
-from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, content_id, user
-from speclab.workloads.offline._common import take_distinct, target_size
+from speclab.workloads.base import Prompt, WorkloadInfo, content_id, user
+from speclab.workloads.offline._common import generated_build
 from speclab.workloads.registry import register_workload
 
 NAME = "offline-math"
@@ -181,13 +181,6 @@ def _generate(rng: random.Random, attempts: int) -> Iterator[Prompt]:
         )
 
 
-def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
-    if source:
-        raise WorkloadError(f"{NAME} is generated and takes no --source")
-    want = target_size(limit)
-    return take_distinct(_generate(random.Random(seed), want * 50), want)
-
-
 register_workload(
     WorkloadInfo(
         name=NAME,
@@ -196,5 +189,5 @@ register_workload(
         description="Stand-in for GSM8K: generated multi-step word problems with known integer answers.",
         notes="10 templates with random names and numbers; default 500 prompts, any number via --limit.",
     ),
-    build,
+    generated_build(NAME, _generate),
 )

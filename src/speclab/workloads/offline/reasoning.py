@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from fractions import Fraction
 
 from speclab.workloads import formats
-from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, content_id, user
-from speclab.workloads.offline._common import take_distinct, target_size
+from speclab.workloads.base import Prompt, WorkloadInfo, content_id, user
+from speclab.workloads.offline._common import generated_build
 from speclab.workloads.registry import register_workload
 
 NAME = "offline-reasoning"
@@ -187,13 +187,6 @@ def _generate(rng: random.Random, attempts: int) -> Iterator[Prompt]:
         )
 
 
-def build(limit: int | None, seed: int, source: str | None) -> list[Prompt]:
-    if source:
-        raise WorkloadError(f"{NAME} is generated and takes no --source")
-    want = target_size(limit)
-    return take_distinct(_generate(random.Random(seed), want * 50), want)
-
-
 register_workload(
     WorkloadInfo(
         name=NAME,
@@ -203,5 +196,5 @@ register_workload(
         "with exact answers; ~25% as four-option multiple choice.",
         notes="Default 500 prompts. Answers are checked by brute force, so outputs can be graded.",
     ),
-    build,
+    generated_build(NAME, _generate),
 )
