@@ -76,17 +76,6 @@ def assistant(content: str) -> dict[str, str]:
     return {"role": "assistant", "content": content}
 
 
-def dedupe(prompts: list[Prompt]) -> list[Prompt]:
-    """Drop prompts whose id (content) was already seen, keeping the first."""
-    seen: set[str] = set()
-    out = []
-    for p in prompts:
-        if p.id not in seen:
-            seen.add(p.id)
-            out.append(p)
-    return out
-
-
 def read_prompts(path: str) -> list[Prompt]:
     """Prompts written by `speclab workloads export` (JSON Lines), e.g. to rerun exactly the same prompts."""
     out = []
