@@ -184,6 +184,9 @@ def test_full_sweep_speedup_lossless_traces(tmp_path, fake_env):
     ng = [r for r in recs if r.meta.get("observed", {}).get("method") == "ngram"]
     assert ng and ng[0].methods == {} and ng[0].output_token_ids is not None
     assert ng[0].meta["observed"]["k"] == 3 and len(ng[0].meta["observed"]["per_step_accepted"]) == 5
+    # the cross-check reads the options the method ran with and the engine's context limit from here
+    assert ng[0].meta["observed"]["options"] == {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    assert ng[0].meta["observed"]["max_model_len"] == spec.max_model_len
     assert all("observed" not in r.meta for r in recs if r.meta["cell_id"].startswith("none."))
     # timings merged with one header
     lines = (run / "timings.csv").read_text().splitlines()

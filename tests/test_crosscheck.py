@@ -127,3 +127,22 @@ def test_crosscheck_classifies_mismatch_and_output_end() -> None:
     res = crosscheck_records([rec], fn)
     assert res.per_request[0].status == "mismatch"
     assert res.summary()["ngram"]["agreement_rate"] == 0.0
+
+
+def test_custom_class_proposer_options_reach_the_replay():
+    # a custom_class n-gram run with proposer_options must be replayed with those lookup bounds,
+    # not the adapter's defaults (3/7)
+    from speclab.bench.results import effective_options
+    from speclab.trace.runs import replay_spec
+
+    engine_opts = {
+        "model": "speclab.methods.vllm_custom.SpeclabNgramProposer",
+        "proposer_options": {"min_n": 2, "max_n": 4},
+    }
+    opts = effective_options("custom_class", engine_opts)
+    assert opts["min_n"] == 2 and opts["max_n"] == 4
+    method, replay_opts = replay_spec("custom:SpeclabNgramProposer", opts, {})
+    assert method == "ngram" and (replay_opts["min_n"], replay_opts["max_n"]) == (2, 4)
+    # without options the adapter's own defaults apply
+    _, defaults = replay_spec("custom:SpeclabNgramProposer", effective_options("custom_class", {}), {})
+    assert (defaults["min_n"], defaults["max_n"]) == (3, 7)
