@@ -8,27 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from speclab.bench.results import effective_options
+from speclab.bench.results import ResultsStore, effective_options
 from speclab.methods import make_proposer
 from speclab.traces import RequestTrace
-
-
-def _rows_by_cell(run: Path) -> dict[str, dict[str, Any]]:
-    path = run / "results.jsonl" if run.is_dir() else None
-    rows: dict[str, dict[str, Any]] = {}
-    if path is None or not path.exists():
-        return rows
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and "cell_id" in row:
-            rows[str(row["cell_id"])] = row
-    return rows
 
 
 def replay_spec(
@@ -88,7 +70,7 @@ def make_run_replay_fn(run: Path, cli: dict[str, Any]):
             eopts = dict(observed["options"] or {})
         else:
             if rows is None:
-                rows = _rows_by_cell(run)
+                rows = ResultsStore(run).rows  # empty when run is not a bench run dir
             row = rows.get(str(rec.meta.get("cell_id")), {})
             eopts = effective_options(str(row.get("method", "")), dict(row.get("method_options") or {}))
         mml = observed.get("max_model_len")
