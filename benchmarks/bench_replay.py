@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from speclab.trace.replay import load_records, replay_records
+from speclab.replay.replay import load_records, replay_records
 from speclab.traces import RequestTrace
 
 

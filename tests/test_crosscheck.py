@@ -11,7 +11,7 @@ import pytest
 from speclab.methods.ngram import NgramProposer
 from speclab.methods.suffix import SuffixSpeculator
 from speclab.methods.vllm_custom import OPTIONS_ENV, SpeclabNgramProposer, SpeclabSuffixProposer
-from speclab.trace.crosscheck import check_request, crosscheck_records, expected_engine_steps
+from speclab.replay.crosscheck import check_request, crosscheck_records, expected_engine_steps
 from speclab.traces import RequestTrace
 
 
@@ -133,7 +133,7 @@ def test_custom_class_proposer_options_reach_the_replay():
     # a custom_class n-gram run with proposer_options must be replayed with those lookup bounds,
     # not the adapter's defaults (3/7)
     from speclab.bench.results import effective_options
-    from speclab.trace.runs import replay_spec
+    from speclab.replay.runs import replay_spec
 
     engine_opts = {
         "model": "speclab.methods.vllm_custom.SpeclabNgramProposer",

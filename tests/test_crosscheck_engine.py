@@ -125,9 +125,9 @@ def test_ngram_replay_matches_vllm(tmp_path: Path) -> None:
         resolve_model("smollm2-135m", prepare=False)
     except Exception:
         pytest.skip("smollm2-135m not prepared (speclab models prepare smollm2-135m)")
-    from speclab.trace.crosscheck import crosscheck_records
-    from speclab.trace.replay import load_records
-    from speclab.trace.runs import make_run_replay_fn
+    from speclab.replay.crosscheck import crosscheck_records
+    from speclab.replay.replay import load_records
+    from speclab.replay.runs import make_run_replay_fn
 
     for method in ("ngram", "custom-ngram"):
         _spawn(tmp_path, method, "offline-code-edit", limit=4, max_tokens=96, k=4)

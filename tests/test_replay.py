@@ -8,7 +8,7 @@ import pytest
 from speclab.errors import ConfigError, TraceError
 from speclab.methods import make_proposer
 from speclab.methods.suffix import CountTrie, SuffixSpeculator
-from speclab.trace.replay import load_records, replay_records
+from speclab.replay.replay import load_records, replay_records
 from speclab.traces import RequestTrace, write_store
 
 
@@ -79,7 +79,7 @@ def test_cli_trace_from_store_and_crosscheck(tmp_path) -> None:
 
     from speclab.cli import cli
     from speclab.methods.ngram import NgramProposer
-    from speclab.trace.crosscheck import expected_engine_steps
+    from speclab.replay.crosscheck import expected_engine_steps
 
     rng = np.random.default_rng(3)
     recs = []
@@ -106,7 +106,7 @@ def test_cli_trace_from_store_and_crosscheck(tmp_path) -> None:
 
 
 def test_crosscheck_uses_vllm_default_ngram_options_when_unrecorded() -> None:
-    from speclab.trace.runs import replay_spec
+    from speclab.replay.runs import replay_spec
 
     assert replay_spec("ngram", {}, {"max_model_len": None})[1]["min_n"] == 5
     assert replay_spec("custom:SpeclabNgramProposer", {}, {"max_model_len": None})[1]["max_n"] == 7

@@ -187,11 +187,11 @@ def test_miss_heuristic_extremes(p, expect_vtok):
 
 
 def test_miss_heuristic_replicate_counts_copies():
-    from speclab.simulate import engine
+    from speclab.simulate import fast
 
     tr = [rec(f"r{i}", 3, [1] * 6, [1] * 6, workload="cnn_dailymail") for i in range(5)]
-    ta = engine.prepare(tr, {"ngram", "eagle"})
-    draws = engine.miss_draws(ta, np.full(5, 0.4), "replicate", 8, 42)
+    ta = fast.prepare(tr, {"ngram", "eagle"})
+    draws = fast.miss_draws(ta, np.full(5, 0.4), "replicate", 8, 42)
     # every position of every request: verify tokens = 8 copies + 2 drafts per matching copy
     r = one(
         simulate(tr, cm(), ["fixed:ngram:2"], "replicate", [8], ngram_miss_heuristic="auto"),

@@ -76,14 +76,14 @@ class SelectRecorder(SelectEMA):
 
 
 def run_recorder(tr, which):
-    from speclab.simulate import engine
+    from speclab.simulate import fast
 
     if which == "adaptive-k":
         pol = Recorder(spec="rec", methods=("ngram",), extra={"kmax": 8, "kstart": 3, "alpha": 0.5})
     else:
         pol = SelectRecorder(spec="sel", methods=("ngram", "eagle"), extra={"k": 4, "alpha": 0.5})
-    ta = engine.prepare(tr, set(pol.methods))
-    engine.run_steps(ta, pol, 4, heuristic=False)
+    ta = fast.prepare(tr, set(pol.methods))
+    fast.run_steps(ta, pol, 4, heuristic=False)
     return pol.log
 
 
@@ -128,10 +128,10 @@ def test_adaptive_k_moves_with_acceptance():
         id="y", workload="w", category="other", prompt_len=5, output_len=200,
         methods={"eagle": MethodTrace(k_max=8, acc_len=np.full(200, 1))},
     )  # fmt: skip
-    from speclab.simulate import engine
+    from speclab.simulate import fast
 
-    ta = engine.prepare([always, never], {"eagle"})
-    st = engine.run_steps(ta, make_policy("adaptive-k:eagle:8"), 1, heuristic=False)
+    ta = fast.prepare([always, never], {"eagle"})
+    st = fast.run_steps(ta, make_policy("adaptive-k:eagle:8"), 1, heuristic=False)
     k_always = st.k[st.req == 0]
     k_never = st.k[st.req == 1]
     assert k_always[0] == 3 and k_always[-1] == 8  # grows to KMAX when everything is accepted

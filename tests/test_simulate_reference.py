@@ -1,4 +1,4 @@
-"""The vectorised engine and the plain per-step reference loop agree on small random traces."""
+"""The vectorised simulator (fast.py) and the plain per-step reference loop agree on small random traces."""
 
 import numpy as np
 import pytest

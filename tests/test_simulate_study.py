@@ -111,13 +111,13 @@ def test_speed_300_requests_six_batch_sizes():
 
 
 def test_step_table_is_linear_in_positions():
-    from speclab.simulate import engine
+    from speclab.simulate import fast
     from speclab.simulate.policies import make_policy
 
     tr = mk(50, L=40)
-    ta = engine.prepare(tr, {"ngram", "eagle"})
+    ta = fast.prepare(tr, {"ngram", "eagle"})
     for pol in ("fixed:eagle:1", "oracle-combine:ngram,eagle", "adaptive-k:ngram"):
-        st = engine.run_steps(ta, make_policy(pol), 8, heuristic=False)
+        st = fast.run_steps(ta, make_policy(pol), 8, heuristic=False)
         assert len(st.req) <= ta.total_positions - ta.n  # at most one row per position after prefill
-    sch = engine.schedule(st.n_steps, "continuous", 8)
+    sch = fast.schedule(st.n_steps, "continuous", 8)
     assert sch.num_steps <= len(st.req) + ta.n

@@ -128,7 +128,7 @@ def run_demo(
 
     def trace() -> Path | None:
         from speclab.models import resolve_model
-        from speclab.trace.replay import load_records, replay_records
+        from speclab.replay.replay import load_records, replay_records
         from speclab.traces import write_store
 
         records = load_records(run_dir)
@@ -246,9 +246,9 @@ def _crosscheck(
     run_dir: Path, max_model_len: int, methods: list[str], echo: Callable[[str], None], res: DemoOutcome
 ) -> None:
     """Replay vs engine agreement per method (the replay must reproduce what vLLM accepted)."""
-    from speclab.trace.crosscheck import crosscheck_records
-    from speclab.trace.replay import load_records
-    from speclab.trace.runs import make_run_replay_fn
+    from speclab.replay.crosscheck import crosscheck_records
+    from speclab.replay.replay import load_records
+    from speclab.replay.runs import make_run_replay_fn
 
     opts = {
         "ngram_min": 3,

@@ -124,7 +124,7 @@ def command(
     )
     if ctx.invoked_subcommand is not None:
         return
-    from speclab.trace.replay import load_records, replay_records
+    from speclab.replay.replay import load_records, replay_records
     from speclab.traces import check_method_name
 
     if bool(source) == bool(workload):
@@ -142,7 +142,7 @@ def command(
     else:
         if not target:
             raise click.UsageError("--workload needs --target (the model whose greedy outputs are replayed)")
-        from speclab.trace.generate import generate_records
+        from speclab.replay.generate import generate_records
 
         records = generate_records(workload, target, limit=limit, max_tokens=max_tokens, threads=threads)
     with_ids = [r for r in records if r.prompt_token_ids is not None and r.output_token_ids is not None]
@@ -200,9 +200,9 @@ def crosscheck(
     """Replay vs engine: walk the replayed trace the way vLLM steps (skipping accepted positions) and
     compare with each request's observed per-step accepted/drafted counts; agreement per method."""
     from speclab.atomic import atomic_write_text
-    from speclab.trace.crosscheck import crosscheck_records
-    from speclab.trace.replay import load_records
-    from speclab.trace.runs import make_run_replay_fn
+    from speclab.replay.crosscheck import crosscheck_records
+    from speclab.replay.replay import load_records
+    from speclab.replay.runs import make_run_replay_fn
 
     opts = ctx.obj["opts"]
     records = load_records(run)

@@ -1,7 +1,7 @@
 """Trace-driven speculative-decoding simulator (see docs/simulator.md)."""
 
 from speclab.simulate.api import AGGREGATES, SimResult, simulate
-from speclab.simulate.engine import BATCHING_MODES
+from speclab.simulate.fast import BATCHING_MODES
 from speclab.simulate.policies import (
     Policy,
     PolicyContext,

@@ -10,7 +10,7 @@ import numpy as np
 
 from speclab.costmodel import CostModel, get_cost_model
 from speclab.errors import ConfigError
-from speclab.simulate import engine
+from speclab.simulate import fast
 from speclab.simulate.policies import Policy, make_policy
 from speclab.simulate.study import STUDY_NUM_REQUESTS, match_p_for, study_sample
 from speclab.traces.model import RequestTrace
@@ -44,7 +44,7 @@ class SimResult:
         return d
 
 
-def _aggregate(tm: engine.Timing, aggregate: str) -> float:
+def _aggregate(tm: fast.Timing, aggregate: str) -> float:
     if aggregate == "total":
         # what a deployment sees: all output tokens over all the time it took
         return float(tm.tokens.sum() / tm.total_s) if tm.total_s > 0 else float("nan")
@@ -76,8 +76,8 @@ def resolve_inputs(
     }
     if unknown:
         raise ConfigError(f"unknown simulate option(s): {', '.join(sorted(unknown))}")
-    if batching not in engine.BATCHING_MODES:
-        raise ConfigError(f"unknown batching {batching!r} (use {', '.join(engine.BATCHING_MODES)})")
+    if batching not in fast.BATCHING_MODES:
+        raise ConfigError(f"unknown batching {batching!r} (use {', '.join(fast.BATCHING_MODES)})")
     if aggregate not in AGGREGATES:
         raise ConfigError(f"unknown aggregate {aggregate!r} (use {', '.join(AGGREGATES)})")
     if aggregate == "study" and batching == "continuous":
@@ -141,7 +141,7 @@ def simulate(
     cm = get_cost_model(cost_model)
     traces, pols, _, notes = resolve_inputs(traces, policies, batching, batch_sizes, aggregate, seed, opts)
     methods = {m for p in pols for m in p.methods}
-    ta = engine.prepare(traces, methods)
+    ta = fast.prepare(traces, methods)
     notes += ta.notes
     heur = opts.get("ngram_miss_heuristic")
     match_p = None
@@ -166,27 +166,27 @@ def simulate(
     dkv = opts.get("linear_draft_kv") or "batch"
     baseline = make_policy("none")
     results: list[SimResult] = []
-    tables: dict[str, engine.StepTable] = {}
+    tables: dict[str, fast.StepTable] = {}
     for b in batch_sizes:
         b = int(b)
         draws = None
         if match_p is not None:
-            draws = engine.miss_draws(ta, match_p, batching, b, seed)
+            draws = fast.miss_draws(ta, match_p, batching, b, seed)
         if use_ref:
             from speclab.simulate.reference import reference_timing
 
-            def timing(p: Policy, b=b, draws=draws) -> engine.Timing:
+            def timing(p: Policy, b=b, draws=draws) -> fast.Timing:
                 return reference_timing(ta, p, cm, batching, b, draws, switch, match_p is not None, dkv)
         else:
 
-            def timing(p: Policy, b=b, draws=draws) -> engine.Timing:
+            def timing(p: Policy, b=b, draws=draws) -> fast.Timing:
                 if p.spec not in tables or p.uses_batch_size:
                     tables[p.spec] = (
-                        engine.baseline_steps(ta)
+                        fast.baseline_steps(ta)
                         if p.spec == "none"
-                        else engine.run_steps(ta, p, b, match_p is not None)
+                        else fast.run_steps(ta, p, b, match_p is not None)
                     )
-                return engine.step_costs(tables[p.spec], p, ta, cm, batching, b, draws, switch, dkv)
+                return fast.step_costs(tables[p.spec], p, ta, cm, batching, b, draws, switch, dkv)
 
         base_tm = timing(baseline)
         base_thr = _aggregate(base_tm, aggregate)

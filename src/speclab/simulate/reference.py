@@ -1,6 +1,6 @@
 """The reference simulator: a plain per-step Python loop over engine steps and running requests, applying
-the same rules as the vectorised engine (engine.py) one step at a time, the way the study's simulator does.
-It exists to check the fast engine (tests assert both agree) and as the benchmark's baseline. Slow."""
+the same rules as the vectorised simulator (fast.py) one step at a time, the way the study's simulator does.
+It exists to check the fast simulator (tests assert both agree) and as the benchmark's baseline. Slow."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import deque
 import numpy as np
 
 from speclab.costmodel.model import CostModel
-from speclab.simulate.engine import Timing, TraceArrays, check_decision, heuristic_flags
+from speclab.simulate.fast import Timing, TraceArrays, check_decision, heuristic_flags
 from speclab.simulate.policies import Policy, PolicyContext, StepOutcome, StepView
 
 

@@ -1,8 +1,8 @@
 """Replay tracing: fill per-position acceptance for each method from token ids, and cross-check it against
 what a real engine observed (`speclab trace`)."""
 
-from speclab.trace.crosscheck import CrossCheckResult, crosscheck_records, expected_engine_steps
-from speclab.trace.replay import load_records, replay_records
+from speclab.replay.crosscheck import CrossCheckResult, crosscheck_records, expected_engine_steps
+from speclab.replay.replay import load_records, replay_records
 
 __all__ = [
     "CrossCheckResult",
