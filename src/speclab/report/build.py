@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from speclab.analyze.results import read_results
 from speclab.atomic import atomic_write_bytes, atomic_write_text
+from speclab.bench.rows import read_rows
 from speclab.errors import SpeclabError
 from speclab.report import figures as F
 from speclab.report.html import CSS, esc
@@ -59,8 +59,7 @@ def build_report(
 ) -> Path:
     """Write OUT/report.html and OUT/*.png; returns the HTML path."""
     run_path = Path(run) if run else None
-    warnings: list[str] = []
-    rows = read_results(run_path, warnings) if run_path else None
+    rows = read_rows(run_path) if run_path else None
     if traces is None and run_path is not None and (run_path / "traces").exists():
         traces = run_path / "traces"
     analysis = _load_analysis(analysis, traces, run_path, cost_model)
@@ -86,7 +85,6 @@ def build_report(
         recs=recommendations(rows, gap),
         figs=figs,
         command=command,
-        warnings=warnings,
     )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speclab.analyze.results import config_files, method_label
+from speclab.analyze.results import config_files
 from speclab.analyze.tables import OBSERVED_KEYS, pluck
+from speclab.bench.rows import entry_labels
 from speclab.report import figures as F
 from speclab.report.html import Html, esc, figure, figure_or_missing, missing, table
 from speclab.report.recommend import MARGINAL, headline
@@ -31,7 +32,6 @@ class ReportData:
     recs: list[dict[str, Any]]
     figs: dict[str, F.Figure | None]
     command: str | None = None  # this report's command line (default: the process's argv)
-    warnings: list[str] = field(default_factory=list)
 
     @property
     def acc(self) -> list[dict[str, Any]]:
@@ -107,19 +107,19 @@ RESULTS_HEADERS = [
 
 
 def results_table(rows: list[dict[str, Any]]) -> str:
-    """Every results row (failed cells too); slower-than-no-SD rows in red."""
-    rows = sorted(
-        rows,
-        key=lambda r: (
-            str(r.get("workload")),
-            str(r.get("batching")),
-            int(r.get("batch_size") or 0),
-            r.get("method") != "none",
-            method_label(r),
+    """Every results row (failed cells too), named by its sweep entry; slower-than-no-SD rows in red."""
+    labelled = sorted(
+        zip(entry_labels(rows), rows, strict=True),
+        key=lambda lr: (
+            str(lr[1].get("workload")),
+            str(lr[1].get("batching")),
+            int(lr[1].get("batch_size") or 0),
+            lr[1].get("method") != "none",
+            lr[0],
         ),
     )
     out, classes = [], []
-    for r in rows:
+    for label, r in labelled:
         mem = r.get("memory") if isinstance(r.get("memory"), dict) else {}
         rss = mem.get("peak_rss_bytes")
         sp = r.get("speedup")
@@ -127,7 +127,7 @@ def results_table(rows: list[dict[str, Any]]) -> str:
         out.append(
             [
                 r.get("workload"),
-                method_label(r),
+                label,
                 r.get("batch_size"),
                 sp,
                 r.get("throughput_tok_s"),
@@ -339,7 +339,7 @@ def inputs(d: ReportData) -> list[str]:
     if d.run_path:
         for name, text in config_files(d.run_path).items():
             h.append(f"<p>RUN/{esc(name)}:</p><pre>{esc(text)}</pre>")
-    all_warn = d.warnings + list(d.analysis.get("warnings") or []) + list(d.gap.get("warnings") or [])
+    all_warn = list(d.analysis.get("warnings") or []) + list(d.gap.get("warnings") or [])
     if all_warn:
         h.append(
             "<p><b>Warnings</b></p><ul>"
