@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from speclab.analyze.results import config_files
-from speclab.analyze.tables import OBSERVED_KEYS, pluck
+from speclab.analyze.tables import observed_rows, pluck
 from speclab.bench.rows import entry_labels
 from speclab.report import figures as F
 from speclab.report.html import Html, esc, figure, figure_or_missing, missing, table
@@ -244,7 +244,7 @@ def acceptance(d: ReportData) -> list[str]:
             "proposal only):</p>"
         )
         headers = ["workload", "method", "k", "requests", "steps", "mean", "std", "p50", "p95"]
-        h.append(table(headers, pluck(obs, OBSERVED_KEYS), left=2))
+        h.append(table(headers, observed_rows(obs), left=2))
     return h
 
 
