@@ -69,9 +69,8 @@ def _png(fig: MplFigure) -> bytes:
 def speedup_vs_batch(rows: list[dict[str, Any]] | None, gap: dict[str, Any] | None) -> Figure | None:
     """Measured speedup per method (solid, values printed) and simulated bounds (dashed / dotted)."""
     measured: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-    method_of: dict[
-        str, str
-    ] = {}  # entry label -> its method, for the colour it shares with that method's bounds
+    # entry label -> its method, for the colour it shares with that method's simulated bounds
+    method_of: dict[str, str] = {}
     for label, r in _ok_labelled(rows):
         if r.get("method") in (None, "none") or r.get("speedup") is None:
             continue
