@@ -103,6 +103,22 @@ def test_observed_stats():
     assert o["mean"] == pytest.approx((1 + 4 + 2) / 3)
 
 
+def test_observed_stats_apart_per_sweep_entry():
+    """Two entries with the same method and k (other options) are two groups once the run names them."""
+    recs = []
+    for cell, acc in (("c-narrow", [0, 0]), ("c-wide", [3, 3]), ("c-narrow", [0, 1])):
+        observed = {"method": "ngram", "k": 3, "per_step_accepted": acc, "per_step_drafted": [3, 3]}
+        r = rec(f"{cell}:p", [1, 2], [1, 2], observed=observed)
+        r.meta["cell_id"] = cell
+        recs.append(r)
+    by_label = {o["label"]: o for o in observed_stats(recs, {"c-narrow": "ngram-k3", "c-wide": "ngram-wide"})}
+    assert set(by_label) == {"ngram-k3", "ngram-wide"}
+    assert by_label["ngram-k3"]["n_requests"] == 2 and by_label["ngram-wide"]["mean"] == pytest.approx(4.0)
+    assert "ngram-wide" in format_tables({"observed": list(by_label.values())})
+    (merged,) = observed_stats(recs)  # a trace store without its run: one group, no label
+    assert merged["label"] is None and merged["n_requests"] == 3
+
+
 def test_oracle_gap_with_fake_simulator(monkeypatch):
     fake_simulator(monkeypatch)
     recs = [rec(f"r{i}", [1, 4, 4, 4], [1, 2, 2, 2], workload="synthetic-code") for i in range(3)]

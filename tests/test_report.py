@@ -102,3 +102,41 @@ def test_report_cli_and_nothing_to_report(tmp_path):
     )
     assert res.exit_code == 0, res.output
     assert (tmp_path / "rep" / "report.html").exists()
+
+
+def test_entries_with_same_method_and_k_but_other_options_stay_apart(tmp_path, monkeypatch):
+    """Rows are keyed by sweep-entry label: a second ngram k=3 entry with other options is not merged into
+    the first by max() (it used to be: both were "ngram@k3")."""
+    fake_simulator(monkeypatch)
+    rows = synthetic_results()
+    wide = []
+    for r in rows:
+        if r.get("method") == "ngram":
+            r["label"] = "ngram-k3"
+            if r["workload"] == "synthetic-code":
+                w = dict(r, cell_id=r["cell_id"] + "-wide", label="ngram-wide")
+                w["method_options"] = {"prompt_lookup_min": 2, "prompt_lookup_max": 9}
+                # better than ngram-k3 at batch 1 only
+                w["speedup"] = 2.5 if r["batch_size"] == 1 else round(r["speedup"] - 0.05, 3)
+                wide.append(w)
+    rows += wide
+    recs = {(r["workload"], r["batch_size"]): r for r in recommendations(rows, None)}
+    r1, r8 = recs[("synthetic-code", 1)], recs[("synthetic-code", 8)]
+    assert (r1["recommend"], r1["best_speedup"], r1["runner_up"]) == ("ngram-wide", 2.5, "ngram-k3")
+    assert (r8["recommend"], r8["runner_up"]) == ("ngram-k3", "ngram-wide")
+    assert r1["candidates"] == r8["candidates"] == 3  # ngram-k3, ngram-wide, eagle@k3
+
+    run = write_synthetic_run(tmp_path / "run", n_per_workload=4)
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    a = analyze(None, run=run, max_requests=4, cost_model=None)
+    g1 = next(g for g in a["oracle_gap"]["rows"] if (g["workload"], g["batch_size"]) == ("synthetic-code", 1))
+    assert g1["measured"] == {
+        "ngram-k3": pytest.approx(2.1),
+        "ngram-wide": 2.5,
+        "eagle@k3": pytest.approx(1.7),
+    }
+    assert g1["best_measured_method"] == "ngram-wide"
+    html = build_report(tmp_path / "rep", run=run, analysis=a).read_text()
+    # every row in the results table under its own name: 3 batch sizes of synthetic-code each
+    assert html.count('<td class="l">ngram-wide</td>') == 3
+    assert html.count('<td class="l">ngram-k3</td>') == 3 + 3  # synthetic-code and synthetic-chat at 1, 8, 32

@@ -12,8 +12,8 @@ from typing import Any
 from speclab.analyze.acceptance import acceptance_stats, observed_stats
 from speclab.analyze.oracle import DEFAULT_MAX_REQUESTS, load_cost_model, oracle_gap
 from speclab.analyze.overlap import bleu4_precision, overlap_vs_advantage
-from speclab.analyze.results import read_results
 from speclab.analyze.tables import format_tables
+from speclab.bench.rows import entry_labels, read_rows
 from speclab.errors import SpeclabError
 from speclab.traces import RequestTrace, read_store
 
@@ -61,7 +61,11 @@ def analyze(
     """Full analysis. `traces` defaults to RUN/traces when a run is given."""
     warnings: list[str] = []
     run_path = Path(run) if run else None
-    rows = read_results(run_path, warnings) if run_path else None
+    rows = read_rows(run_path) if run_path else None
+    # cell_id -> sweep-entry label: engine-observed acceptance is grouped per entry, like the results
+    labels = (
+        None if rows is None else dict(zip((r["cell_id"] for r in rows), entry_labels(rows), strict=True))
+    )
     if traces is None and run_path is not None and (run_path / "traces").exists():
         traces = run_path / "traces"
     if traces is None:
@@ -92,7 +96,7 @@ def analyze(
             "workloads": sorted({r.workload for r in records}),
         },
         "acceptance": acceptance_stats(with_methods, n_bins=n_bins),
-        "observed": observed_stats(records),
+        "observed": observed_stats(records, labels),
         "overlap": overlap_vs_advantage(with_methods),
         "warnings": warnings,
     }

@@ -10,7 +10,7 @@ separately (`observed_stats`) from meta["observed"].
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -171,24 +171,32 @@ def acceptance_stats(
     return out
 
 
-def observed_stats(records: Iterable[RequestTrace]) -> list[dict[str, Any]]:
-    """Engine-observed acceptance (bench records' meta["observed"]) per (workload, method, k).
+def observed_stats(
+    records: Iterable[RequestTrace], labels: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Engine-observed acceptance (bench records' meta["observed"]) per (workload, method, k, entry label).
 
     Acceptance length per executed step = accepted + 1; steps where nothing was proposed are absent from
     vLLM's metrics, so this is conditioned on a proposal (unlike the replayed per-position numbers).
+    `labels` (cell_id -> sweep-entry label, from the run's results) keeps two entries with the same method
+    and k but other options apart; without it (a trace store alone) they share a group and label is None.
     """
-    groups: dict[tuple[str, str, int], list[list[int]]] = defaultdict(list)
+    groups: dict[tuple[str, str, int, str | None], list[list[int]]] = defaultdict(list)
     for r in records:
-        obs = r.meta.get("observed") if isinstance(r.meta, dict) else None
+        meta = r.meta if isinstance(r.meta, dict) else {}
+        obs = meta.get("observed")
         if not isinstance(obs, dict) or not obs.get("per_step_accepted"):
             continue
+        label = (labels or {}).get(str(meta.get("cell_id")))
         try:
-            key = (r.workload, str(obs.get("method")), int(obs.get("k") or 0))
+            key = (r.workload, str(obs.get("method")), int(obs.get("k") or 0), label)
             groups[key].append([int(x) for x in obs["per_step_accepted"]])
         except (TypeError, ValueError):
             continue
     out = []
-    for (workload, method, k), steps in sorted(groups.items()):
+    for (workload, method, k, label), steps in sorted(
+        groups.items(), key=lambda g: (*g[0][:3], g[0][3] or "")
+    ):
         acc = np.concatenate([np.asarray(s, dtype=np.float64) for s in steps]) + 1.0
         out.append(
             _nan_to_none(
@@ -196,6 +204,7 @@ def observed_stats(records: Iterable[RequestTrace]) -> list[dict[str, Any]]:
                     "workload": workload,
                     "method": method,
                     "k": k,
+                    "label": label,
                     "n_requests": len(steps),
                     "n_steps": int(acc.size),
                     **summary(acc),

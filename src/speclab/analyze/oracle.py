@@ -1,7 +1,8 @@
 """The oracle gap: measured speedup (bench) next to simulated single-method oracle and oracle-combine bounds.
 
 Per (workload, batching, batch size):
-- measured: every SD cell's speedup from RUN/results.jsonl (status ok, speedup not null), best of them;
+- measured: every SD cell's speedup from RUN/results.jsonl (status ok, speedup not null) by sweep-entry
+  label, best of them;
 - simulated with speclab.simulate.simulate on the workload's traces: `fixed:M:K` for the measured
   (method, k) pairs (a check of the simulator against the engine), `oracle:M` per traced method and
   `oracle-combine:M1,...` over all traced methods;
@@ -17,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from speclab.analyze.results import method_label, ok_rows
+from speclab.bench.rows import entry_labels
 from speclab.errors import SpeclabError
 from speclab.traces import RequestTrace
 
@@ -107,13 +108,13 @@ def oracle_gap(
     measured: dict[tuple[str, str, int], dict[str, float]] = defaultdict(dict)
     measured_pairs: dict[tuple[str, str], set[tuple[str, int]]] = defaultdict(set)
     targets = set()
-    for row in ok_rows(rows or []):
-        if row.get("method") in (None, "none") or row.get("speedup") is None:
+    rows = rows or []
+    for label, row in zip(entry_labels(rows), rows, strict=True):
+        if row.get("status") != "ok" or row.get("method") in (None, "none") or row.get("speedup") is None:
             continue
         key = (str(row.get("workload")), str(row.get("batching", "replicate")), int(row["batch_size"]))
-        label = method_label(row)
         targets.add(row.get("target"))
-        # several targets or seeds for one cell: keep the best (and say so below)
+        # keyed by sweep entry (label); several targets or seeds for one cell: keep the best (said below)
         measured[key][label] = max(float(row["speedup"]), measured[key].get(label, 0.0))
         if row.get("k") is not None:
             measured_pairs[(key[0], key[1])].add((str(row["method"]), int(row["k"])))

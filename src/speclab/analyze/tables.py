@@ -26,8 +26,18 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
-# Columns of an `observed` entry, as both the text tables and the HTML report show them.
-OBSERVED_KEYS = "workload method k n_requests n_steps mean std p50 p95"
+def observed_rows(obs: Sequence[dict[str, Any]]) -> list[list[Any]]:
+    """The columns of `observed` entries, as both the text tables and the HTML report show them: workload,
+    method (the sweep entry's label where the run's results named it: entries may share method and k), k,
+    requests, steps, mean, std, p50, p95."""
+    return [
+        [
+            e["workload"],
+            e.get("label") or e["method"],
+            *(e[k] for k in ("k", "n_requests", "n_steps", "mean", "std", "p50", "p95")),
+        ]
+        for e in obs
+    ]
 
 
 def pluck(records: Sequence[dict[str, Any]], keys: str) -> list[list[Any]]:
@@ -84,7 +94,7 @@ def format_tables(a: dict[str, Any]) -> str:
         parts.append(
             text_table(
                 ["workload", "method", "k", "reqs", "steps", "mean", "std", "p50", "p95"],
-                pluck(obs, OBSERVED_KEYS),
+                observed_rows(obs),
             )
         )
         parts.append("")

@@ -35,6 +35,30 @@ def trace_method_name(method: str, options: dict[str, Any]) -> str:
     return method
 
 
+def parse_rows(path: Path) -> dict[str, dict[str, Any]]:
+    """cell_id -> row, in file order; the one parser of results.jsonl (the store, `bench show`, analyze, report).
+
+    Strict: the file is only ever rewritten whole (atomically), so a bad line was edited by hand, and a report
+    or a resumed sweep that skipped it would silently lose a cell. A bad line is a one-line error naming
+    file:line. A cell_id seen twice keeps its last row, as the store does when it replaces a row."""
+    rows: dict[str, dict[str, Any]] = {}
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{path}:{i}: not valid JSON ({exc.msg}); edited by hand? fix or delete the line"
+            ) from None
+        if not isinstance(row, dict) or "cell_id" not in row:
+            raise ConfigError(
+                f"{path}:{i}: not a results row (a JSON object with a cell_id); fix or delete the line"
+            )
+        rows[row["cell_id"]] = row
+    return rows
+
+
 class ResultsStore:
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
@@ -43,17 +67,8 @@ class ResultsStore:
         self._load()
 
     def _load(self) -> None:
-        if not self.path.exists():
-            return
-        for i, line in enumerate(self.path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise ConfigError(f"{self.path}: line {i}: not valid JSON (edited by hand?)") from None
-            if isinstance(row, dict) and "cell_id" in row:
-                self.rows[row["cell_id"]] = row
+        if self.path.exists():
+            self.rows = parse_rows(self.path)
 
     def is_ok(self, cell_id: str) -> bool:
         r = self.rows.get(cell_id)

@@ -6,45 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from speclab.bench.results import RESULTS, ResultsStore
-from speclab.errors import ConfigError
+from speclab.bench.rows import fill_speedups, read_rows
 
 
 def load_rows(run_dir: str | Path) -> list[dict[str, Any]]:
-    rd = Path(run_dir)
-    if not (rd / RESULTS).exists():
-        if not rd.exists():
-            raise ConfigError(f"{rd}: run directory not found")
-        raise ConfigError(f"{rd}: no {RESULTS} here (not a bench run directory, or nothing finished yet)")
-    rows = ResultsStore(rd).ordered()
-    _fill_speedups(rows)
+    rows = read_rows(run_dir)
+    fill_speedups(rows)
     return rows
-
-
-def _fill_speedups(rows: list[dict[str, Any]]) -> None:
-    """Speedups missing in a row (its baseline finished later) are computed for display."""
-    base: dict[tuple, float] = {}
-    for r in rows:
-        if r.get("method") == "none" and r.get("status") == "ok" and r.get("throughput_tok_s"):
-            base[_match_key(r)] = r["throughput_tok_s"]
-    for r in rows:
-        if r.get("speedup") is None and r.get("status") == "ok" and r.get("throughput_tok_s"):
-            b = base.get(_match_key(r))
-            if b:
-                r["speedup"] = r["throughput_tok_s"] / b
-
-
-def _match_key(r: dict[str, Any]) -> tuple:
-    return (
-        r.get("target"),
-        r.get("dtype"),
-        r.get("workload"),
-        r.get("batching"),
-        r.get("batch_size"),
-        r.get("num_prompts"),
-        r.get("max_tokens"),
-        r.get("seed"),
-    )
 
 
 def _sort_key(r: dict[str, Any], method_order: dict[str, int]) -> tuple:

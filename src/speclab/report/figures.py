@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure as MplFigure
 
-from speclab.analyze.results import method_label, ok_rows
+from speclab.bench.rows import entry_labels
 
 DPI = 100
 GIB = 1024**3
@@ -27,6 +27,12 @@ class Figure:
     title: str
     caption: str
     png: bytes
+
+
+def _ok_labelled(rows: list[dict[str, Any]] | None) -> list[tuple[str, dict[str, Any]]]:
+    """(sweep-entry label, row) of the ok rows; labels come from all rows, as every table names them."""
+    rows = rows or []
+    return [(lbl, r) for lbl, r in zip(entry_labels(rows), rows, strict=True) if r.get("status") == "ok"]
 
 
 def _color_map(names: list[str]) -> dict[str, Any]:
@@ -63,11 +69,13 @@ def _png(fig: MplFigure) -> bytes:
 def speedup_vs_batch(rows: list[dict[str, Any]] | None, gap: dict[str, Any] | None) -> Figure | None:
     """Measured speedup per method (solid, values printed) and simulated bounds (dashed / dotted)."""
     measured: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-    for r in ok_rows(rows or []):
+    # entry label -> its method, for the colour it shares with that method's simulated bounds
+    method_of: dict[str, str] = {}
+    for label, r in _ok_labelled(rows):
         if r.get("method") in (None, "none") or r.get("speedup") is None:
             continue
         wl = f"{r.get('workload')} ({r.get('batching', 'replicate')})"
-        label = method_label(r)
+        method_of[label] = str(r.get("method"))
         bs = int(r["batch_size"])
         measured[wl][label][bs] = max(float(r["speedup"]), measured[wl][label].get(bs, 0.0))
     simulated: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
@@ -80,14 +88,16 @@ def speedup_vs_batch(rows: list[dict[str, Any]] | None, gap: dict[str, Any] | No
     workloads = sorted(set(measured) | set(simulated))
     if not workloads:
         return None
-    names = [_method_of(lbl) for w in workloads for lbl in list(measured[w]) + list(simulated[w])]
+    names = [
+        method_of.get(lbl) or _method_of(lbl) for w in workloads for lbl in [*measured[w], *simulated[w]]
+    ]
     colors = _color_map(names)
     fig, axes = _grid(len(workloads), ncols=2, w=5.6, h=4.2)
     for ax, wl in zip(axes, workloads, strict=True):
         for label, pts in sorted(measured[wl].items()):
             xs = sorted(pts)
             ys = [pts[x] for x in xs]
-            ax.plot(xs, ys, "o-", color=colors[_method_of(label)], lw=2, label=f"{label} measured")
+            ax.plot(xs, ys, "o-", color=colors[method_of[label]], lw=2, label=f"{label} measured")
             for x, y in zip(xs, ys, strict=True):
                 ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
         for policy, pts in sorted(simulated[wl].items()):
@@ -136,12 +146,12 @@ def speedup_vs_batch(rows: list[dict[str, Any]] | None, gap: dict[str, Any] | No
 
 def time_split(rows: list[dict[str, Any]] | None) -> Figure | None:
     """Share of each cell's time in propose / verify / other, stacked."""
-    cells = [r for r in ok_rows(rows or []) if isinstance(r.get("time_split_s"), dict)]
+    cells = [(lbl, r) for lbl, r in _ok_labelled(rows) if isinstance(r.get("time_split_s"), dict)]
     if not cells:
         return None
-    by_wl: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in cells:
-        by_wl[str(r.get("workload"))].append(r)
+    by_wl: dict[str, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
+    for lbl, r in cells:
+        by_wl[str(r.get("workload"))].append((lbl, r))
     workloads = sorted(by_wl)
     most = max(len(v) for v in by_wl.values())
     fig, axes = _grid(
@@ -149,8 +159,9 @@ def time_split(rows: list[dict[str, Any]] | None) -> Figure | None:
     )
     parts = (("propose", "#4c72b0"), ("verify", "#dd8452"), ("other", "#8c8c8c"))
     for ax, wl in zip(axes, workloads, strict=True):
-        rs = sorted(by_wl[wl], key=lambda r: (str(r.get("batching")), int(r["batch_size"]), method_label(r)))
-        labels = [f"{method_label(r)}\nbs{r['batch_size']}" for r in rs]
+        lrs = sorted(by_wl[wl], key=lambda lr: (str(lr[1].get("batching")), int(lr[1]["batch_size"]), lr[0]))
+        labels = [f"{lbl}\nbs{r['batch_size']}" for lbl, r in lrs]
+        rs = [r for _, r in lrs]
         x = np.arange(len(rs))
         bottom = np.zeros(len(rs))
         for key, color in parts:
@@ -177,12 +188,11 @@ def time_split(rows: list[dict[str, Any]] | None) -> Figure | None:
 
 def memory(rows: list[dict[str, Any]] | None) -> Figure | None:
     """Weights, KV cache, draft weights and peak RSS per method (max over the method's cells), in GiB."""
-    cells = [r for r in ok_rows(rows or []) if isinstance(r.get("memory"), dict)]
+    cells = [(lbl, r) for lbl, r in _ok_labelled(rows) if isinstance(r.get("memory"), dict)]
     if not cells:
         return None
     agg: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for r in cells:
-        lbl = method_label(r)
+    for lbl, r in cells:
         for k, v in r["memory"].items():
             if isinstance(v, int | float) and not isinstance(v, bool):
                 agg[lbl][k] = max(agg[lbl][k], float(v))

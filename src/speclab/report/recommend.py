@@ -2,7 +2,8 @@
 
 Logic (also in docs/report.md):
 1. Measured first. Among the bench's SD cells for that workload, batching and batch size (status ok, speedup
-   not null), take the highest speedup. If it is >= 1.0, recommend that method and k; if it is < 1.0, the
+   not null), take the highest speedup. If it is >= 1.0, recommend that sweep entry (by its label, so two
+   entries with the same method and k but other options are two candidates); if it is < 1.0, the
    recommendation is "SD off" (every SD configuration measured there was slower than no SD).
 2. Else simulated. Where the bench has no SD cell but the analysis simulated that batch size, use the best
    *fixed* policy (fixed:METHOD:K; oracles are bounds, not deployable) by the same rule.
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from speclab.analyze.results import method_label, ok_rows
+from speclab.bench.rows import entry_labels
 
 MARGINAL = 1.05
 
@@ -48,17 +49,19 @@ def recommendations(
     rows: list[dict[str, Any]] | None, oracle_gap: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
     recs: dict[tuple[str, str, int], dict[str, Any]] = {}
-    ok = ok_rows(rows or [])
-    multi_target = len({r.get("target") for r in ok}) > 1
+    rows = rows or []
+    labels = entry_labels(rows)  # keyed by sweep entry: same method and k with other options stay apart
+    ok = [(label, r) for label, r in zip(labels, rows, strict=True) if r.get("status") == "ok"]
+    multi_target = len({r.get("target") for _, r in ok}) > 1
     cells: dict[tuple[str, str, int], list[tuple[float, str]]] = defaultdict(list)
-    for r in ok:
+    for label, r in ok:
         if r.get("method") in (None, "none") or r.get("speedup") is None:
             continue
         wl = str(r.get("workload"))
         if multi_target:
             wl = f"{wl} [{r.get('target')}]"
         cells[(wl, str(r.get("batching", "replicate")), int(r["batch_size"]))].append(
-            (float(r["speedup"]), method_label(r))
+            (float(r["speedup"]), label)
         )
     for key, vals in cells.items():
         recs[key] = _rec(key, sorted(vals, reverse=True), "measured")
