@@ -270,17 +270,16 @@ def parse_file(
             if fmt == "auto":
                 fmt = detect_format(loc, row)
             pr = _to_prompt(loc, row, fmt, workload, prefix)
+            ck = _content_key(pr)
+            first = seen.setdefault(pr.id, (loc, ck))
+            if first[1] != ck:
+                given = pr.id.removeprefix(prefix + "-")
+                raise _bad(loc, "id", f"{given!r} is used at {first[0]} for another prompt")
         except WorkloadError as exc:
             if not skip_invalid:
                 raise
             invalid.append(str(exc))
             continue
-        ck = _content_key(pr)
-        first = seen.setdefault(pr.id, (loc, ck))
-        if first[1] != ck:
-            raise _bad(
-                loc, "id", f"{pr.id.removeprefix(prefix + '-')!r} is used at {first[0]} for another prompt"
-            )
         prompts.append(pr)
     if not prompts:
         if invalid:

@@ -161,6 +161,8 @@ def format_summary(
     )
     if s["length_unit"] == "tokens":
         what = f"tokens, {tokenizer_name or 'the given tokenizer'}, chat template applied"
+        if s["requests_asked"]["completions_raw"]:
+            what += " (completions requests: raw text)"
     else:
         what = "words and punctuation marks, approximate: no --tokenizer given"
     lines.append(f"prompt length ({what}): {_fmt_dist(s['prompt_length'])}")
