@@ -165,6 +165,7 @@ def test_malformed_prompts_line_names_file_line_and_field(
         ({"body": {"model": "m"}}, "field body.messages: missing"),
         ({"prompt": "a", "max_tokens": 0}, "field max_tokens: expected an integer >= 1, got 0"),
         ({"prompt": "a", "temperature": "hot"}, "field temperature: expected a number >= 0"),
+        ('{"prompt": "a", "temperature": Infinity}', "field temperature: expected a number >= 0"),
         (
             {"prompt": "a", "timestamp": "yesterday"},
             "field timestamp: expected seconds (a number) or an ISO 8601",
@@ -172,7 +173,7 @@ def test_malformed_prompts_line_names_file_line_and_field(
         ({"body": {"prompt": "a", "created": True}}, "field body.created: expected seconds"),
     ],
 )
-def test_malformed_request_log_line(tmp_path: Path, body: dict, words: str) -> None:
+def test_malformed_request_log_line(tmp_path: Path, body: dict | str, words: str) -> None:
     path = write_lines(tmp_path / "log.jsonl", [LOG[0], body])
     with pytest.raises(WorkloadError) as exc:
         parse_file(path)
@@ -256,3 +257,25 @@ def test_bench_notes_say_what_the_log_asked_for(files: dict[str, Path]) -> None:
     assert "1 of 3 requests asked for temperature > 0" in notes[0] and "greedily" in notes[0]
     assert "2 of 3 requests asked for max_tokens other than the sweep's 32 (16-64)" in notes[1]
     assert bench_notes("p", [Prompt("a", "p", "chat", [{"role": "user", "content": "x"}])], 32) == []
+
+
+def test_other_shapes_of_file(tmp_path: Path) -> None:
+    import gzip
+
+    # a gzip-compressed log, whatever its name
+    gz = tmp_path / "traffic.jsonl.gz"
+    gz.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in LOG).encode()))
+    assert [p.id for p in parse_file(gz).prompts][1] == "traffic.jsonl-r2"
+    (tmp_path / "cut.gz").write_bytes(gz.read_bytes()[:40])
+    with pytest.raises(WorkloadError, match="cut.gz: cannot read"):
+        parse_file(tmp_path / "cut.gz")
+    # a JSON list of request objects, and a CSV with a prompt column
+    (tmp_path / "list.json").write_text(json.dumps(PROMPTS))
+    assert len(parse_file(tmp_path / "list.json").prompts) == 3
+    (tmp_path / "p.csv").write_text('prompt,category\n"Hello, there",chat\nWhy?,chat\n')
+    pf = parse_file(tmp_path / "p.csv")
+    assert pf.format == "prompts" and pf.category == "chat" and pf.prompts[0].text == "Hello, there"
+    # lines that are JSON but not a request
+    for line, words in (("null", "expected a JSON object, got null"), ("{}", "has: nothing")):
+        with pytest.raises(WorkloadError, match=words):
+            parse_file(write_lines(tmp_path / "odd.jsonl", [line]))

@@ -245,7 +245,7 @@ def test_inspect_summarises_a_file(tmp_path: Path, user_files: dict[str, Path], 
     assert s["prompt_length"]["min"] > 150
     assert s["requests_asked"]["arrival"]["rate_per_s"] == pytest.approx(1.0)
     # a sample as a sweep would draw it, and a bad file in one line
-    code, output = cli(["workloads", "inspect", str(user_files["prompts"]), "--limit", "2"], capsys)
+    code, output = cli(["workloads", "inspect", f"file:{user_files['prompts']}", "--limit", "2"], capsys)
     assert code == 0 and "inspected a seeded sample of 2" in output
     bad = write_lines(tmp_path / "bad.jsonl", [{"messages": [{"role": "user"}]}])
     code, output = cli(["workloads", "inspect", str(bad)], capsys)

@@ -195,6 +195,7 @@ def inspect_cmd(
         from speclab.workloads.render import load_tokenizer
 
         tok = load_tokenizer(tokenizer)
+    path = path.removeprefix("file:")  # the workload name form works too
     s = summarize_file(path, fmt, tok, max_prompt_tokens, limit, seed, skip_invalid)
     if as_json:
         click.echo(json.dumps(s, indent=2))

@@ -166,7 +166,7 @@ def _request_fields(loc: str, outer: dict, body: dict, fp: str) -> dict[str, Any
         meta.setdefault("max_tokens", v)
     t = body.get("temperature")
     if t is not None:
-        if isinstance(t, bool) or not isinstance(t, int | float) or not (t >= 0):
+        if isinstance(t, bool) or not isinstance(t, int | float) or not (0 <= t < math.inf):
             raise _bad(loc, fp + "temperature", f"expected a number >= 0, got {t!r}")
         meta["temperature"] = float(t)
     model = body.get("model")
@@ -236,8 +236,8 @@ def _rows(path: Path, skipped: list[str] | None) -> list[tuple[str, Any]]:
         return read_local(path)
     try:
         return list(jsonl_rows(path, skipped))
-    except OSError as exc:
-        raise WorkloadError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except (OSError, EOFError) as exc:  # EOFError: a truncated gzip file
+        raise WorkloadError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from exc
 
 
 def parse_file(

@@ -6,6 +6,7 @@ Each row comes with a location string ("FILE line N" for JSON Lines, "FILE row N
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import socket
@@ -42,8 +43,10 @@ def _json_rows(path: Path, data: Any, split: str | None) -> Iterator[Row]:
 
 def jsonl_rows(path: Path, skipped: list[str] | None = None) -> Iterator[Row]:
     """The rows of a JSON Lines file (blank lines skipped); a line that is not JSON fails naming it, or,
-    when `skipped` is a list, is left out and its error appended there."""
-    with open(path, "rb") as f:
+    when `skipped` is a list, is left out and its error appended there. A gzip-compressed file is read as is."""
+    with open(path, "rb") as probe:
+        gz = probe.read(2) == b"\x1f\x8b"
+    with gzip.open(path, "rb") if gz else open(path, "rb") as f:
         for n, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
