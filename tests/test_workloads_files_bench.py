@@ -275,3 +275,21 @@ def test_show_export_and_demo_accept_file_names(
     monkeypatch.setattr("speclab.demo.run_demo", fake_demo)
     code, output = cli(["demo", "--workloads", f"offline-math,{name}", "--out", str(tmp_path / "d")], capsys)
     assert seen["workloads"] == ["offline-math", name] and "stop here" in output
+
+
+def test_a_file_name_in_the_list_runs_too(
+    tmp_path: Path, user_files: dict[str, Path], fake_worker: Path
+) -> None:
+    name = f"file:{user_files['chat']}"  # slashes and a colon end up in cell ids: traces and results cope
+    listed = f'target = "fake-target"\nbatch_sizes = [1]\nmax_tokens = 8\nworkloads = ["{name}"]\n'
+    listed += "[[methods]]\nname = 'none'\n[[methods]]\nname = 'ngram'\nk = 2\n"
+    spec, text = load_sweep_source(sweep_file(tmp_path, user_files, listed))
+    provider = default_prompt_provider(spec, check_models=False)
+    out = run_bench(
+        spec, tmp_path / "run", spec_text=text, prompt_provider=provider, progress=False, echo=print
+    )
+    assert out.ok == 2 and out.failed == 0
+    rows = load_rows(tmp_path / "run")
+    assert {r["workload"] for r in rows} == {name} and all(r["category"] == "other" for r in rows)
+    assert all((tmp_path / "run" / r["trace_part"]).exists() for r in rows)
+    assert {r.workload for r in read_store(tmp_path / "run" / "traces")} == {name}
