@@ -60,6 +60,9 @@ def load_sweep_source(
             if not isinstance(eng, dict):
                 raise ConfigError(f"{source}: field engine: expected a table")
             eng[key.split(".", 1)[1]] = value
+        elif key == "workloads" and isinstance(data.get("workloads"), dict):
+            # a sweep of [workloads.NAME] tables: keep the tables of the names asked for
+            data[key] = {w: data["workloads"].get(w, {}) for w in value}
         else:
             data[key] = value
     if methods:
@@ -132,6 +135,9 @@ def run_bench(
         or any(fnmatch.fnmatch(c.cell_id, g) for g in redo or [])
     }
     cache = {w: provider(w) for w in spec.workloads if w in todo}
+    for ps in cache.values():
+        for note in ps.notes:  # what a request log asked for that the bench does differently
+            echo(note)
     return run_sweep(
         spec,
         run_dir,

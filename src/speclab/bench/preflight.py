@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +181,7 @@ class PromptSet:
     category: str
     prompts: list[PromptSpec]
     truncated: int = 0
+    notes: list[str] = field(default_factory=list)  # printed before the run
 
 
 def render_workload(spec: SweepSpec, workload: str, tokenizer_path: str, category: str) -> PromptSet:
@@ -209,7 +210,10 @@ def render_workload(spec: SweepSpec, workload: str, tokenizer_path: str, categor
         ids, cut = render_prompt(p, tok, max_prompt_tokens=spec.prompt_budget)
         truncated += int(cut)
         out.append(PromptSpec(id=p.id, prompt_token_ids=[int(t) for t in ids]))
-    return PromptSet(workload=workload, category=category, prompts=out, truncated=truncated)
+    from speclab.workloads.file_workloads import bench_notes
+
+    notes = bench_notes(workload, prompts, spec.max_tokens)
+    return PromptSet(workload=workload, category=category, prompts=out, truncated=truncated, notes=notes)
 
 
 _TOKENIZERS: dict[str, Any] = {}

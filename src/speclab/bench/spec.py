@@ -6,7 +6,8 @@ the batch sizes and how a batch is formed, the prompt count, max tokens and seed
     name = "my-sweep"
     target = "smollm2-135m"          # preset name, checkpoint dir or hub id
     dtype = "float32"
-    workloads = ["offline-code-edit", "offline-math"]
+    workloads = ["offline-code-edit", "offline-math"]   # or "file:PATH" (a prompts file / request log),
+                                     # or [workloads.NAME] tables instead of this list (below)
     batch_sizes = [1, 4, 16]
     batching = "continuous"          # or "replicate", or ["replicate", "continuous"]
     num_prompts = 16
@@ -33,6 +34,15 @@ the batch sizes and how a batch is formed, the prompt count, max tokens and seed
     k = 3
     model = "smollm2-135m-draft-l8"
     # label = "draft-l8", workloads = [...], batch_sizes = [...] restrict or rename an entry
+
+Workloads as tables (instead of the list; in this order): an empty table names a registered workload, one
+with `path` is the user's own prompts file or request log (docs/workloads.md):
+
+    [workloads.offline-math]
+    [workloads.my-traffic]
+    path = "traffic.jsonl"           # relative to the current directory
+    format = "auto"                  # or "prompts", "chat", "request-log"
+    category = "chat"                # optional (default: the category every line gives, else "other")
 """
 
 from __future__ import annotations
@@ -111,6 +121,7 @@ class SweepSpec:
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
     max_num_seqs: int | None = None  # default: the largest batch size an engine serves
     workload_sources: dict[str, str] = field(default_factory=dict)  # workload -> local data path
+    workload_files: dict[str, dict[str, Any]] = field(default_factory=dict)  # [workloads.NAME] with a path
     description: str = ""
     source: str = ""  # where the spec came from (file path or preset:NAME), for messages
 
@@ -143,6 +154,7 @@ class SweepSpec:
                 "max_num_seqs": self.max_num_seqs,
             },
             "workload_sources": self.workload_sources,
+            "workload_files": self.workload_files,
             "methods": [m.to_dict() for m in self.methods],
         }
 
@@ -268,7 +280,13 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
         raise ConfigError(f"{src}: field dtype: {dtype!r} not one of {', '.join(DTYPES)}")
     if "workloads" not in data:
         raise ConfigError(f"{src}: field workloads: missing")
-    workloads = _str_list(data["workloads"], f"{src}: field workloads")
+    files: dict[str, dict[str, Any]] = {}
+    if isinstance(data["workloads"], dict):
+        from speclab.workloads.file_workloads import workload_tables
+
+        workloads, files = workload_tables(data["workloads"], src)
+    else:
+        workloads = _str_list(data["workloads"], f"{src}: field workloads")
     if "batch_sizes" not in data:
         raise ConfigError(f"{src}: field batch_sizes: missing")
     batch_sizes = _batch_sizes(data["batch_sizes"], f"{src}: field batch_sizes")
@@ -373,6 +391,7 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
         llm_kwargs=dict(llm_kwargs),
         max_num_seqs=max_num_seqs,
         workload_sources=dict(sources),
+        workload_files=files,
         source=source,
     )
 

@@ -23,6 +23,11 @@ from speclab.cli import int_list
 @click.option("--max-tokens", type=int, help="Output tokens per request (default: the preset's 64).")
 @click.option("--batch-sizes", help="Batch sizes (default: 1,4,16).")
 @click.option(
+    "--workloads",
+    help="Workloads instead of the preset's, comma-separated; file:PATH benches your own prompts file or "
+    "request log (docs/workloads.md).",
+)
+@click.option(
     "--enforce-eager", is_flag=True, default=None, help="Skip torch.compile (faster start, slower steps)."
 )
 @click.option(
@@ -37,6 +42,7 @@ def command(
     num_prompts: int | None,
     max_tokens: int | None,
     batch_sizes: str | None,
+    workloads: str | None,
     enforce_eager: bool | None,
     skip: tuple[str, ...],
     no_progress: bool,
@@ -57,6 +63,7 @@ def command(
         "num_prompts": num_prompts,
         "max_tokens": max_tokens,
         "batch_sizes": int_list(batch_sizes, "--batch-sizes"),
+        "workloads": [w.strip() for w in workloads.split(",") if w.strip()] if workloads else None,
         "engine.enforce_eager": enforce_eager,
     }
     res = run_demo(

@@ -51,7 +51,9 @@ def _progress(desc: str):
 @click.group(name="trace", invoke_without_command=True)
 @click.option("--from", "source", type=click.Path(exists=True), help="Trace store, bench RUN dir or JSONL.")
 @click.option(
-    "--workload", default=None, help="Generate outputs on the spot for this workload (needs --target)."
+    "--workload",
+    default=None,
+    help="Generate outputs on the spot for this workload (a name, or file:PATH; needs --target).",
 )
 @click.option("--target", default=None, help="Target model (preset name or checkpoint) for --workload.")
 @click.option("--limit", default=20, show_default=True, help="Prompts of --workload to generate.")

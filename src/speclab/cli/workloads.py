@@ -1,4 +1,4 @@
-"""`speclab workloads list|show|export`: see exactly which prompts a run uses."""
+"""`speclab workloads list|show|export|inspect`: see exactly which prompts a run uses."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _with_common(f):  # type: ignore[no-untyped-def]
 
 @click.group(name="workloads")
 def command() -> None:
-    """List, show and export workloads (study datasets and offline stand-ins)."""
+    """List, show and export workloads (study datasets, offline stand-ins, your own files as file:PATH)."""
 
 
 @command.command(name="list")
@@ -139,3 +139,65 @@ def export_cmd(
     if tok is not None:
         msg += f" ({n_trunc} truncated to {max_prompt_tokens} tokens)" if max_prompt_tokens else ""
     click.echo(msg, err=True)
+
+
+@command.command(name="inspect")
+@click.argument("path")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["auto", "prompts", "chat", "request-log"]),
+    default="auto",
+    show_default=True,
+    help="The file's format (auto: detected from its first line).",
+)
+@click.option(
+    "--tokenizer",
+    default=None,
+    help="Target model (checkpoint dir, .gguf file or speclab model name): prompt lengths in its tokens, "
+    "chat template applied. Without it lengths are words and punctuation marks (approximate).",
+)
+@click.option(
+    "--max-prompt-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Also count the prompts longer than this (needs --tokenizer).",
+)
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Inspect the sample a sweep would draw."
+)
+@click.option(
+    "--seed", type=int, default=42, show_default=True, help="Sampling seed for --limit (the sweeps' 42)."
+)
+@click.option("--skip-invalid", is_flag=True, help="Leave malformed lines out (counted) instead of refusing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def inspect_cmd(
+    path: str,
+    fmt: str,
+    tokenizer: str | None,
+    max_prompt_tokens: int | None,
+    limit: int | None,
+    seed: int,
+    skip_invalid: bool,
+    as_json: bool,
+) -> None:
+    """Summarise a prompts file or request log before a run: count, prompt lengths, what the requests asked
+    for, and the n-gram overlap potential (does n-gram or suffix drafting have a chance?)."""
+    from speclab.errors import SpeclabError
+    from speclab.workloads.summary import format_summary, summarize_file
+
+    if max_prompt_tokens is not None and tokenizer is None:
+        raise SpeclabError(
+            "--max-prompt-tokens needs --tokenizer (prompt lengths are counted in target tokens)"
+        )
+    tok = None
+    if tokenizer is not None:
+        from speclab.workloads.render import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+    path = path.removeprefix("file:")  # the workload name form works too
+    s = summarize_file(path, fmt, tok, max_prompt_tokens, limit, seed, skip_invalid)
+    if as_json:
+        click.echo(json.dumps(s, indent=2))
+    else:
+        click.echo(format_summary(s, tokenizer, max_prompt_tokens))

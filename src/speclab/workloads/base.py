@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -11,7 +13,7 @@ from speclab.errors import SpeclabError
 
 # Study categories (mirrors speclab.traces.model.CATEGORIES; kept here so importing workloads stays light).
 CATEGORIES: tuple[str, ...] = ("code-editing", "summarization", "math", "chat", "reasoning", "other")
-KINDS: tuple[str, ...] = ("study", "offline")
+KINDS: tuple[str, ...] = ("study", "offline", "file")  # file: a user's prompts file or request log
 
 
 class WorkloadError(SpeclabError):
@@ -66,6 +68,14 @@ def content_id(workload: str, messages: list[dict], extra: str = "") -> str:
     """A stable id from the prompt content (same content -> same id on every machine and run)."""
     blob = json.dumps(messages, sort_keys=True, ensure_ascii=False) + extra
     return f"{workload}-{hashlib.sha1(blob.encode('utf-8')).hexdigest()[:12]}"
+
+
+def seeded_sample(items: Sequence, limit: int | None, seed: int) -> list:
+    """Like the study: a seeded random sample (random.sample) in sampled order when limit < len(items);
+    otherwise every item in its original order."""
+    if limit is not None and limit < len(items):
+        return random.Random(seed).sample(list(items), limit)
+    return list(items)
 
 
 def user(content: str) -> dict[str, str]:

@@ -4,6 +4,8 @@ Where workloads come from:
 - built in: every module in the packages speclab.workloads.offline and speclab.workloads.study;
 - plugins: the entry-point group "speclab.workloads" (each entry point names a module to import), and the
   environment variable SPECLAB_WORKLOADS: a comma-separated list of module names or paths to .py files.
+- files: a name `file:PATH` is a user's prompts file or request log (speclab.workloads.files), registered
+  on first use; a sweep's [workloads.NAME] table registers one under NAME.
 Modules are imported on first use of list_workloads/load_workload, and must import nothing heavy at import
 time (no torch, vllm, transformers or datasets: do those imports inside the builder).
 """
@@ -86,16 +88,22 @@ def _discover() -> None:
 
 
 def list_workloads() -> list[WorkloadInfo]:
-    """Every registered workload: offline stand-ins first, then study datasets, each by study category."""
+    """Every registered workload: offline stand-ins first, then study datasets, then files registered in this
+    process, each by study category."""
     _discover()
+    order = {"offline": 0, "study": 1}
     return sorted(
         (e.info for e in _REGISTRY.values()),
-        key=lambda i: (KINDS.index(i.kind) * -1, CATEGORIES.index(i.category), i.name),
+        key=lambda i: (order.get(i.kind, len(order)), CATEGORIES.index(i.category), i.name),
     )
 
 
 def get_workload(name: str) -> WorkloadInfo:
     _discover()
+    if name.startswith("file:"):
+        from speclab.workloads.file_workloads import resolve_file_name
+
+        return resolve_file_name(name)  # reads and checks the file (again if it changed)
     if name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
         raise WorkloadError(f"unknown workload {name!r} (known: {known})")
@@ -121,6 +129,6 @@ def load_workload(
     if len(set(ids)) != len(ids):  # a builder bug, but cheap to catch here
         raise WorkloadError(f"{name}: prompt ids are not unique")
     for p in prompts:
-        if p.category != info.category:
+        if p.category != info.category and info.kind != "file":  # a file's lines may each name one
             p.category = info.category
     return prompts

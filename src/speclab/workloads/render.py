@@ -3,6 +3,8 @@
 Truncation never happens silently: render_prompt returns a flag, and only the prompt's body (the article,
 the code, the passage: meta["truncate"] = {"message": i, "start": char, "end": char}, default the whole last
 user message) is cut at its end, with a visible marker, so the instruction and the template stay intact.
+A prompt whose meta["chat_template"] is False (a completions request from a request log) is tokenised as raw
+text instead, as the server did.
 """
 
 from __future__ import annotations
@@ -35,7 +37,12 @@ def load_tokenizer(path: str) -> Any:
         raise WorkloadError(f"cannot load a tokenizer from {path}: {type(exc).__name__}: {exc}") from exc
 
 
-def _template_ids(messages: list[dict], tokenizer: Any, **template_kwargs: Any) -> list[int]:
+def _template_ids(
+    messages: list[dict], tokenizer: Any, raw: bool = False, **template_kwargs: Any
+) -> list[int]:
+    if raw:
+        # a completions request from a request log: the text as the server tokenised it, no chat template
+        return list(tokenizer(messages[-1]["content"])["input_ids"])
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, **template_kwargs
@@ -64,7 +71,8 @@ def render_prompt(
     truncated to fit max_prompt_tokens. `tokenizer` is a HF tokenizer or a path to load one from."""
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer)
-    ids = _template_ids(prompt.messages, tokenizer, **template_kwargs)
+    raw = prompt.meta.get("chat_template") is False
+    ids = _template_ids(prompt.messages, tokenizer, raw, **template_kwargs)
     if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
         return ids, False
     mi, start, end = _span(prompt)
@@ -78,7 +86,7 @@ def render_prompt(
         cut = tokenizer.decode(body_ids[:keep], skip_special_tokens=True)
         messages = [dict(m) for m in prompt.messages]
         messages[mi]["content"] = head + cut.rstrip() + TRUNCATION_MARKER + tail.lstrip("\n")
-        new_ids = _template_ids(messages, tokenizer, **template_kwargs)
+        new_ids = _template_ids(messages, tokenizer, raw, **template_kwargs)
         if len(new_ids) <= max_prompt_tokens:
             return new_ids, True
         keep -= max(len(new_ids) - max_prompt_tokens, 1)

@@ -6,6 +6,7 @@ Each row comes with a location string ("FILE line N" for JSON Lines, "FILE row N
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import socket
@@ -40,19 +41,38 @@ def _json_rows(path: Path, data: Any, split: str | None) -> Iterator[Row]:
         yield f"{path} row {i}", row
 
 
+def jsonl_rows(path: Path, skipped: list[str] | None = None) -> Iterator[Row]:
+    """The rows of a JSON Lines file (blank lines skipped); a line that is not JSON fails naming it, or,
+    when `skipped` is a list, is left out and its error appended there. A gzip-compressed file is read as is."""
+    with open(path, "rb") as probe:
+        gz = probe.read(2) == b"\x1f\x8b"
+    with gzip.open(path, "rb") if gz else open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise WorkloadError(f"{path} line {n}: not valid JSON ({exc.msg})") from exc
+            except UnicodeDecodeError:
+                err = WorkloadError(f"{path} line {n}: not UTF-8 text")
+            except WorkloadError as exc:
+                err = exc
+            else:
+                yield f"{path} line {n}", row
+                continue
+            if skipped is None:
+                raise err
+            skipped.append(str(err))
+
+
 def _read_file(path: Path, split: str | None) -> Iterator[Row]:
     suffix = path.suffix.lower()
     try:
         if suffix == ".jsonl":
-            with open(path, encoding="utf-8") as f:
-                for n, line in enumerate(f, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise WorkloadError(f"{path} line {n}: not valid JSON ({exc.msg})") from exc
-                    yield f"{path} line {n}", row
+            yield from jsonl_rows(path)
         elif suffix == ".json":
             with open(path, encoding="utf-8") as f:
                 try:

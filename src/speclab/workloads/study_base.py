@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, user
+from speclab.workloads.base import Prompt, WorkloadError, WorkloadInfo, seeded_sample, user
 from speclab.workloads.registry import register_workload
 from speclab.workloads.sources import read_hub, read_local
 
@@ -92,9 +92,7 @@ def build_study(ds: StudyDataset, limit: int | None, seed: int, source: str | No
     if not usable:
         raise WorkloadError(f"{ds.name}: none of the {len(rows)} rows in {where} is usable")
     skipped = len(checked) - len(usable)
-    if limit is not None and limit < len(usable):
-        # Like the study: a seeded random sample of the dataset (random.sample), in sampled order.
-        usable = random.Random(seed).sample(usable, limit)
+    usable = seeded_sample(usable, limit, seed)  # like the study: random.sample, in sampled order
     prompts: list[Prompt] = []
     seen: set[str] = set()
     for i, loc, row in usable:

@@ -51,8 +51,10 @@ def target_size(limit: int | None) -> int:
     return DEFAULT_SIZE if limit is None else limit
 
 
-def take_distinct(candidates: Iterable[Prompt], want: int) -> list[Prompt]:
-    """The first `want` candidates with distinct ids (a repeated prompt is skipped).
+def take_distinct(
+    candidates: Iterable[Prompt], want: int, key: Callable[[Prompt], str] = lambda p: p.id
+) -> list[Prompt]:
+    """The first `want` candidates with distinct keys (default: ids; a repeated prompt is skipped).
 
     Candidates are drawn lazily, so a generator driven by a seeded rng draws no more than it needs.
     """
@@ -61,9 +63,10 @@ def take_distinct(candidates: Iterable[Prompt], want: int) -> list[Prompt]:
     if want <= 0:
         return prompts
     for p in candidates:
-        if p.id in seen:
+        k = key(p)
+        if k in seen:
             continue
-        seen.add(p.id)
+        seen.add(k)
         prompts.append(p)
         if len(prompts) >= want:
             break

@@ -1,0 +1,296 @@
+"""File-backed workloads: a user's own prompts file or request log, benched like any built-in workload.
+
+Two ways to name one: `file:PATH` wherever a workload name is accepted (the format is detected from the
+file, the category is the one every line agrees on, else "other"), or a sweep's `[workloads.NAME]` table with
+`path`, `format` and `category` (registered here under NAME by the sweep parser).
+
+Formats, one JSON object per line (`.json`/`.parquet`/`.csv`/`.arrow` files with the same fields are read
+too; any other suffix is read as JSON Lines):
+  prompts      {"prompt": "..."}                         one user turn, rendered with the target's chat template
+  chat         {"messages": [{"role", "content"}, ...]}  OpenAI chat format, rendered with the chat template
+  request-log  one OpenAI-style request body per line, bare or wrapped as {"body": {...}} (the Batch API's
+               input) or {"request": {...}}: `messages` (a chat request) or `prompt` (a completions request:
+               sent as raw text, no chat template, as the server did)
+Optional on every line: `id` (or `custom_id`), `reference` (a known output), `category`; and the request
+fields `max_tokens`/`max_completion_tokens`, `temperature`, `model` and an arrival time (`timestamp`,
+`arrival_time`, `created_at` or `created`: seconds, milliseconds above 1e11, or ISO 8601). They are kept in
+Prompt.meta: the bench generates the sweep's max_tokens greedily for every prompt and says how many requests
+asked otherwise; arrival times (meta["arrival_s"]) are for a server-mode replay of the real arrival pattern.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from speclab.workloads.base import (
+    CATEGORIES,
+    Prompt,
+    WorkloadError,
+    content_id,
+    user,
+)
+from speclab.workloads.offline._common import take_distinct
+from speclab.workloads.sources import SUFFIXES, jsonl_rows, read_local
+
+FILE_PREFIX = "file:"
+FORMATS = ("auto", "prompts", "chat", "request-log")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+WRAPPERS = ("body", "request")
+ARRIVAL_FIELDS = ("timestamp", "arrival_time", "created_at", "created")
+# fields that only a request body carries: their presence makes `auto` read the file as a request log
+REQUEST_FIELDS = (
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "model",
+    "stream",
+    "top_p",
+    "n",
+    "stop",
+)
+_MS_THRESHOLD = 1e11  # a larger number is an epoch time in milliseconds
+
+
+@dataclass
+class ParsedFile:
+    path: Path
+    format: str  # as detected or given (never "auto")
+    prompts: list[Prompt]  # in file order, repeated prompts dropped
+    rows: int  # requests read (blank lines not counted, invalid ones not either)
+    duplicates: int  # requests dropped as repeats of an earlier one
+    category: str  # the workload's category
+    invalid: list[str] = field(default_factory=list)  # errors of the lines skipped (skip_invalid only)
+
+
+def _bad(loc: str, fld: str, problem: str) -> WorkloadError:
+    return WorkloadError(f"{loc}: field {fld}: {problem}")
+
+
+def _tname(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def detect_format(loc: str, row: Any) -> str:
+    """The format of a file from its first request."""
+    if not isinstance(row, dict):
+        raise WorkloadError(f"{loc}: expected a JSON object, got {_tname(row)}")
+    if any(isinstance(row.get(w), dict) for w in WRAPPERS) or any(
+        k in row for k in REQUEST_FIELDS + ARRIVAL_FIELDS
+    ):
+        return "request-log"
+    if "messages" in row:
+        return "chat"
+    if "prompt" in row:
+        return "prompts"
+    have = ", ".join(map(str, list(row)[:12])) or "nothing"
+    raise WorkloadError(
+        f"{loc}: cannot tell the format: no field prompt or messages (has: {have}); "
+        f"give format = one of {', '.join(FORMATS[1:])}"
+    )
+
+
+def _content(loc: str, c: Any, fld: str) -> str:
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):  # OpenAI content parts: only text can be benched
+        texts = []
+        for j, part in enumerate(c):
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, dict) else _tname(part)
+                raise _bad(loc, f"{fld}[{j}]", f"only text parts can be benched, got {kind!r}")
+        return "\n".join(texts)
+    if c is None:
+        raise _bad(loc, fld, "missing (a turn without text, e.g. only tool calls, cannot be benched)")
+    raise _bad(loc, fld, f"expected text, got {_tname(c)}")
+
+
+def _messages(loc: str, v: Any, fld: str) -> list[dict]:
+    if not isinstance(v, list) or not v:
+        raise _bad(loc, fld, f"expected a non-empty list of {{role, content}} objects, got {_tname(v)}")
+    out = []
+    for i, m in enumerate(v):
+        f = f"{fld}[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(loc, f, f"expected an object with role and content, got {_tname(m)}")
+        role = m.get("role")
+        if role not in ROLES:
+            problem = "missing" if role is None else f"{role!r} is not one of {', '.join(ROLES)}"
+            raise _bad(loc, f"{f}.role", problem)
+        out.append({"role": role, "content": _content(loc, m.get("content"), f"{f}.content")})
+    if not any(m["role"] == "user" for m in out):
+        raise _bad(loc, fld, "has no user turn")
+    return out
+
+
+def _prompt_text(loc: str, v: Any, fld: str) -> str:
+    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], str):
+        v = v[0]  # the completions API's list form, with one prompt
+    if isinstance(v, list):
+        if v and all(isinstance(t, int) for t in v):
+            raise _bad(loc, fld, "token-id prompts are not supported; give the text")
+        raise _bad(loc, fld, f"expected one prompt (text), got a list of {len(v)}")
+    if not isinstance(v, str):
+        raise _bad(loc, fld, f"expected text, got {_tname(v)}")
+    return v
+
+
+def _arrival(loc: str, fld: str, v: Any) -> float:
+    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        return v / 1000.0 if v > _MS_THRESHOLD else float(v)
+    if isinstance(v, str):
+        try:
+            t = datetime.fromisoformat(v.strip())
+        except ValueError:
+            pass
+        else:
+            return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
+    raise _bad(loc, fld, f"expected seconds (a number) or an ISO 8601 time, got {v!r}")
+
+
+def _request_fields(loc: str, outer: dict, body: dict, fp: str) -> dict[str, Any]:
+    """max_tokens, temperature, model and the arrival time, where the line has them (kept in meta)."""
+    meta: dict[str, Any] = {}
+    for key in ("max_tokens", "max_completion_tokens"):
+        v = body.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise _bad(loc, fp + key, f"expected an integer >= 1, got {v!r}")
+        meta.setdefault("max_tokens", v)
+    t = body.get("temperature")
+    if t is not None:
+        if isinstance(t, bool) or not isinstance(t, int | float) or not (0 <= t < math.inf):
+            raise _bad(loc, fp + "temperature", f"expected a number >= 0, got {t!r}")
+        meta["temperature"] = float(t)
+    model = body.get("model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise _bad(loc, fp + "model", f"expected text, got {_tname(model)}")
+        meta["model"] = model
+    for key in ARRIVAL_FIELDS:
+        for where, d in (("", outer), (fp, body)):
+            if d.get(key) is not None:
+                meta["arrival_s"] = _arrival(loc, where + key, d[key])
+                meta["arrival_field"] = where + key
+                return meta
+    return meta
+
+
+def _to_prompt(loc: str, row: Any, fmt: str, workload: str, prefix: str) -> Prompt:
+    if not isinstance(row, dict):
+        raise WorkloadError(f"{loc}: expected a JSON object, got {_tname(row)}")
+    body, fp = row, ""
+    if fmt == "request-log":
+        for w in WRAPPERS:
+            if isinstance(row.get(w), dict):
+                body, fp = row[w], f"{w}."
+                break
+    has_p, has_m = "prompt" in body, "messages" in body
+    if has_p and has_m:
+        raise _bad(loc, fp + "prompt", "give prompt or messages, not both")
+    if fmt == "prompts" and not has_p:
+        raise _bad(loc, "prompt", 'missing (format prompts: {"prompt": "..."} per line)')
+    if fmt == "chat" and not has_m:
+        raise _bad(loc, "messages", 'missing (format chat: {"messages": [...]} per line)')
+    if not (has_p or has_m):
+        raise _bad(loc, fp + "messages", "missing (a request body has messages or prompt)")
+    meta: dict[str, Any] = {"source": loc, "format": fmt}
+    if has_m:
+        messages = _messages(loc, body["messages"], fp + "messages")
+    else:
+        messages = [user(_prompt_text(loc, body["prompt"], fp + "prompt"))]
+        if fmt == "request-log":
+            meta["chat_template"] = False  # a completions request: the server sent the text as it is
+    if not any(m["content"].strip() for m in messages):
+        raise _bad(loc, fp + ("messages" if has_m else "prompt"), "the prompt is empty")
+    reference = row.get("reference")
+    if reference is not None and not isinstance(reference, str):
+        raise _bad(loc, "reference", f"expected text, got {_tname(reference)}")
+    category = row.get("category")
+    if category is not None and category not in CATEGORIES:
+        raise _bad(loc, "category", f"{category!r} is not one of {', '.join(CATEGORIES)}")
+    meta.update(_request_fields(loc, row, body, fp))
+    key = row.get("id", row.get("custom_id"))
+    if isinstance(key, bool) or not isinstance(key, str | int | type(None)):
+        raise _bad(loc, "id", f"expected text or an integer, got {_tname(key)}")
+    if key not in (None, ""):
+        pid = f"{prefix}-{key}"
+    else:
+        pid = content_id(prefix, messages, "" if meta.get("chat_template", True) else "raw")
+    return Prompt(pid, workload, category or "", messages, reference, meta)  # "": the workload's
+
+
+def _content_key(p: Prompt) -> str:
+    return content_id("", p.messages, "" if p.meta.get("chat_template", True) else "raw")
+
+
+def _rows(path: Path, skipped: list[str] | None) -> list[tuple[str, Any]]:
+    if path.suffix.lower() in SUFFIXES and path.suffix.lower() != ".jsonl":
+        return read_local(path)
+    try:
+        return list(jsonl_rows(path, skipped))
+    except (OSError, EOFError) as exc:  # EOFError: a truncated gzip file
+        raise WorkloadError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from exc
+
+
+def parse_file(
+    path: str | os.PathLike[str],
+    fmt: str = "auto",
+    workload: str | None = None,
+    category: str | None = None,
+    skip_invalid: bool = False,
+) -> ParsedFile:
+    """Read and check every line of a prompts file or request log. Raises WorkloadError (one line naming the
+    file, line and field) on the first malformed line, or, with skip_invalid, leaves such lines out and
+    refuses the file only when no line is usable."""
+    p = Path(path).expanduser()
+    if fmt not in FORMATS:
+        raise WorkloadError(f"{p}: format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if category is not None and category not in CATEGORIES:
+        raise WorkloadError(f"{p}: category {category!r} is not one of {', '.join(CATEGORIES)}")
+    if not p.exists():
+        raise WorkloadError(f"{p}: no such file")
+    if p.is_dir():
+        raise WorkloadError(f"{p}: is a directory; give a prompts file or request log")
+    invalid: list[str] = []
+    rows = _rows(p, invalid if skip_invalid else None)
+    workload = workload or f"{FILE_PREFIX}{path}"
+    prefix = workload if not workload.startswith(FILE_PREFIX) else p.stem
+    prompts: list[Prompt] = []
+    seen: dict[str, tuple[str, str]] = {}  # id -> (where first seen, content key)
+    for loc, row in rows:
+        try:
+            if fmt == "auto":
+                fmt = detect_format(loc, row)
+            pr = _to_prompt(loc, row, fmt, workload, prefix)
+            ck = _content_key(pr)
+            first = seen.setdefault(pr.id, (loc, ck))
+            if first[1] != ck:
+                given = pr.id.removeprefix(prefix + "-")
+                raise _bad(loc, "id", f"{given!r} is used at {first[0]} for another prompt")
+        except WorkloadError as exc:
+            if not skip_invalid:
+                raise
+            invalid.append(str(exc))
+            continue
+        prompts.append(pr)
+    if not prompts:
+        if invalid:
+            raise WorkloadError(f"{p}: none of its {len(invalid)} lines is usable (first: {invalid[0]})")
+        raise WorkloadError(f"{p}: no requests (the file is empty)")
+    distinct = take_distinct(prompts, len(prompts), key=_content_key)
+    if category is None:  # the category every line gives, else "other"
+        line_cats = {q.category for q in distinct}
+        category = line_cats.pop() if len(line_cats) == 1 and "" not in line_cats else "other"
+    dups = len(prompts) - len(distinct)
+    for q in distinct:
+        q.category = q.category or category
+        q.meta.update({"file_rows": len(prompts), "duplicates_dropped": dups})
+    return ParsedFile(p, fmt, distinct, len(prompts), dups, category, invalid)
