@@ -15,7 +15,6 @@ could not start (every cell is then written as failed with the reason), 2 for an
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib
 import importlib.util
 import json
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from speclab.engine.protocol import (
-    TIMINGS_COLUMNS,
     CellResult,
     CellSpec,
     EngineSpec,
@@ -42,6 +40,13 @@ from speclab.engine.protocol import (
     read_job,
 )
 from speclab.errors import SpeclabError
+from speclab.methods.catalog import (
+    DRAFTER_CHECKPOINT_METHODS,
+    MODEL_BASED,
+    SAME_TOKENIZER_METHODS,
+    trace_method_name,
+)
+from speclab.timings import append_timings
 
 SPEC_METRICS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
@@ -49,6 +54,8 @@ SPEC_METRICS = {
     "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
 }
 PER_POS_METRIC = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# engine steps in a row without a new token or a finished request before drive() gives up
+MAX_IDLE_STEPS = 10_000
 
 
 # --- configuration -------------------------------------------------------------------------------------
@@ -60,11 +67,11 @@ def resolve_paths(spec: EngineSpec) -> tuple[str, str | None]:
 
     target = str(resolve_model(spec.target, spec.dtype if spec.dtype != "float16" else "float32"))
     drafter: str | None = None
-    if spec.method in ("draft_model", "eagle", "eagle3"):
+    if spec.method in DRAFTER_CHECKPOINT_METHODS:
         drafter = str(
             resolve_model(spec.options["model"], spec.dtype if spec.dtype != "float16" else "float32")
         )
-        if spec.method == "draft_model" or (Path(drafter) / "tokenizer.json").is_file():
+        if spec.method in SAME_TOKENIZER_METHODS or (Path(drafter) / "tokenizer.json").is_file():
             check_same_tokenizer(target, drafter)
     elif spec.method == "suffix":
         if importlib.util.find_spec("arctic_inference") is None:
@@ -207,14 +214,6 @@ def _delta(after: SpecCounters, before: SpecCounters) -> SpecCounters:
     )
 
 
-def _draft_kind(spec: EngineSpec) -> str:
-    """The method name used in timings rows (draft:<name>): the trace method name, so custom proposers
-    appear as custom:<ClassName> (CONTRACTS.md section 1)."""
-    if spec.method == "custom_class":
-        return "custom:" + str(spec.options.get("model", "custom")).rsplit(".", 1)[-1]
-    return spec.method
-
-
 def _loadavg() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)
@@ -224,19 +223,6 @@ def _loadavg() -> float | None:
 
 def _peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
-
-
-def _append_timings(path: str, rows: list[Any]) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    new = not p.exists() or p.stat().st_size == 0
-    with open(p, "a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(TIMINGS_COLUMNS)
-        for r in rows:
-            w.writerow(r.as_list())
-        f.flush()
 
 
 # --- the engine ----------------------------------------------------------------------------------------
@@ -272,7 +258,8 @@ class Engine:
         self.runner = self._find_runner()
         on_gpu = torch.cuda.is_available() and str(getattr(self.runner, "device", "cpu")).startswith("cuda")
         self.profiler = StepProfiler(
-            method=_draft_kind(spec), sync=torch.cuda.synchronize if on_gpu else None
+            method=trace_method_name(spec.method, spec.options),
+            sync=torch.cuda.synchronize if on_gpu else None,
         )
         if self.runner is not None:
             self.profiler.install(self.runner)
@@ -314,7 +301,7 @@ class Engine:
         try:
             wbytes, wptrs = _unique_bytes(r.model.parameters())
             mem.weights_bytes = n_target * esize if n_target is not None else wbytes
-            if self.spec.method in ("none", "ngram", "suffix", "custom_class"):
+            if self.spec.method not in MODEL_BASED:
                 mem.draft_weights_bytes = 0
             else:
                 n_draft = checkpoint_num_params(self.drafter)
@@ -345,6 +332,7 @@ class Engine:
         in_flight = 0
         done: dict[Any, Any] = {}
         steps = 0
+        idle = 0  # steps in a row in which no request got a token or finished
         prof = self.profiler
         try:
             while pending or in_flight:
@@ -361,6 +349,9 @@ class Engine:
                 outs = self.engine.step()
                 prof.end_step(time.perf_counter() - t0)
                 steps += 1
+                # vLLM returns an output only for a request that got new tokens or finished; a step without
+                # any (a chunk of a long prefill) is legitimate, but not thousands of them in a row
+                idle = 0 if outs else idle + 1
                 for o in outs:
                     if o.finished and o.request_id in running:
                         key = running[o.request_id]
@@ -368,8 +359,8 @@ class Engine:
                         for rid in [rid for rid, k in running.items() if k == key]:
                             del running[rid]
                         in_flight -= 1
-                if steps > 10_000_000:
-                    raise RuntimeError("engine made no progress")
+                if idle > MAX_IDLE_STEPS:
+                    raise RuntimeError(f"engine made no progress in {idle} steps in a row")
         except BaseException:
             ids = [rid for rid in running if rid.startswith("speclab-") and "-" not in rid[len("speclab-") :]]
             if ids:
@@ -490,7 +481,7 @@ def run_job(job: Job, out: str) -> int:
         append_result(out, res)
         if res.status == "ok" and job.timings_csv:
             try:
-                _append_timings(job.timings_csv, engine.profiler.rows)
+                append_timings(job.timings_csv, (r.as_list() for r in engine.profiler.rows))
             except OSError as exc:
                 print(f"speclab worker: cannot append timings: {exc}", file=sys.stderr)
         print(
