@@ -20,19 +20,12 @@ from speclab.atomic import atomic_path, atomic_write_text
 from speclab.bench.cells import Cell
 from speclab.engine.protocol import CellResult
 from speclab.errors import ConfigError
+from speclab.methods.catalog import trace_method_name
 from speclab.traces.model import RequestTrace
 from speclab.traces.store import read_store, records_to_table
 
 RESULTS = "results.jsonl"
 TRACES = "traces"
-
-
-def trace_method_name(method: str, options: dict[str, Any]) -> str:
-    """The trace method name (speclab.traces.KNOWN_METHODS) of an engine method."""
-    if method == "custom_class":
-        cls = str(options.get("model", "custom")).rsplit(".", 1)[-1]
-        return f"custom:{cls}"
-    return method
 
 
 class ResultsStore:
