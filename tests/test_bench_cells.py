@@ -16,19 +16,11 @@ batch_sizes = [1, 4]
 batching = ["replicate", "continuous"]
 num_prompts = 2
 max_tokens = 16
-[engine]
-kv_cache_gib = 1.5
-llm_kwargs = { enable_prefix_caching = false }
-[[methods]]
-name = "ngram"
-k = 3
-prompt_lookup_min = 2
-prompt_lookup_max = 4
-[[methods]]
-name = "draft_model"
-k = 2
-model = "smollm2-135m-draft-l8"
-batch_sizes = [1]
+engine = { kv_cache_gib = 1.5, llm_kwargs = { enable_prefix_caching = false } }
+methods = [
+  { name = "ngram", k = 3, prompt_lookup_min = 2, prompt_lookup_max = 4 },
+  { name = "draft_model", k = 2, model = "smollm2-135m-draft-l8", batch_sizes = [1] },
+]
 """
 
 
