@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from speclab.atomic import atomic_path, atomic_write_text
 from speclab.bench.cells import Cell
+from speclab.engine.measure import loadavg
 from speclab.engine.protocol import CellResult
 from speclab.errors import ConfigError
 from speclab.methods.catalog import trace_method_name
@@ -66,13 +67,6 @@ class ResultsStore:
 
     def ordered(self) -> list[dict[str, Any]]:
         return list(self.rows.values())
-
-
-def _loadavg() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:  # pragma: no cover - not on every platform
-        return None
 
 
 # --- metrics ----------------------------------------------------------------------------------------------
@@ -287,7 +281,7 @@ def build_row(
             "engine_info": res.engine_info,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             # other processes competing for the CPUs make throughputs noisy: keep the evidence
-            "host": {"loadavg_1m": _loadavg(), "cpus": os.cpu_count()},
+            "host": {"loadavg_1m": loadavg(), "cpus": os.cpu_count()},
         }
     )
     if res.status == "ok" and not cell.is_baseline:
