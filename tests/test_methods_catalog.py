@@ -56,3 +56,15 @@ def test_replay_proposers_exist_exactly_for_replay_methods() -> None:
     for method in set(TRACE_METHODS) - set(REPLAY_METHODS):
         with pytest.raises(ConfigError, match="no replay proposer"):
             make_proposer(method)
+
+
+def test_catalog_protocol_and_timings_import_nothing_heavy() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, speclab.methods.catalog, speclab.engine.protocol, speclab.timings, speclab.engine.launch\n"
+        "print(sorted(m for m in ('torch', 'vllm', 'numpy', 'speclab.costmodel') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
