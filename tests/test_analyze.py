@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import fake_simulator  # tests/ is on sys.path (pytest prepend mode)
-from speclab.analyze import acceptance_stats, analyze, bleu4_precision, format_tables, observed_stats
+from speclab.analyze import acceptance_stats, analyze, format_tables, observed_stats
 from speclab.analyze.acceptance import heavy_tail, summary
 from speclab.analyze.oracle import oracle_gap
 from speclab.analyze.overlap import overlap_vs_advantage
@@ -64,14 +64,6 @@ def test_heavy_tail_empty_and_small_k():
     assert heavy_tail(np.array([]), 3)["top10_share"] is None
     assert heavy_tail(np.array([1, 2, 3, 4]), 3)["share_ge_burst"] is None  # k+1 < 5: cannot reach a burst
     assert np.isnan(summary(np.array([]))["mean"])
-
-
-def test_bleu4_precision():
-    a = list(range(50))
-    assert bleu4_precision(a, a) == pytest.approx(1.0)
-    assert bleu4_precision(a, list(range(100, 150))) < 0.05
-    half = list(range(25)) + list(range(200, 225))
-    assert 0.2 < bleu4_precision(a, half) < 0.8
 
 
 def test_overlap_vs_advantage_sign_and_crossover():

@@ -20,7 +20,7 @@ def fake_stack(tmp_path, monkeypatch):
     prepared: list[str] = []
     monkeypatch.setattr(models, "prepare_model", lambda name, dtype="float32", **kw: prepared.append(name))
     monkeypatch.setattr(bench_api, "default_prompt_provider", lambda spec, check_models=True: fake_prompts)
-    monkeypatch.setattr(demo, "REPLAY_METHODS", ("ngram", "suffix"))  # no draft checkpoint needed
+    monkeypatch.setattr(demo, "DEMO_REPLAY_METHODS", ("ngram", "suffix"))  # no draft checkpoint needed
     return prepared
 
 

@@ -26,10 +26,12 @@ from typing import Any
 
 from speclab.atomic import atomic_write_text
 from speclab.errors import SpeclabError
+from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N, REPLAY_METHODS
 
 DEMO_PRESET = "demo-cpu"
-# replayed methods and the longest proposal replayed per position (the study used k = 20)
-REPLAY_METHODS = ("ngram", "suffix", "draft_model")
+# replayed methods: every replay proposer but EAGLE's (SmolLM2 has no EAGLE head; draft_model only when the
+# sweep names a drafter), and the longest proposal replayed per position (the study used k = 20)
+DEMO_REPLAY_METHODS = tuple(m for m in REPLAY_METHODS if m != "eagle")
 REPLAY_K_MAX = 10
 SIM_POLICIES = (
     "none",
@@ -136,14 +138,14 @@ def run_demo(
         ngram = next((m.options for m in spec.methods if m.name == "ngram"), {})
         options: dict[str, dict[str, Any]] = {
             "ngram": {
-                "min_n": int(ngram.get("prompt_lookup_min", 3)),
-                "max_n": int(ngram.get("prompt_lookup_max", 7)),
+                "min_n": int(ngram.get("prompt_lookup_min", NGRAM_MIN_N)),
+                "max_n": int(ngram.get("prompt_lookup_max", NGRAM_MAX_N)),
                 "max_model_len": spec.max_model_len,
             },
             "suffix": {"use_global": True},
             "draft_model": {"max_model_len": spec.max_model_len},
         }
-        methods = [m for m in REPLAY_METHODS if m != "draft_model" or drafter]
+        methods = [m for m in DEMO_REPLAY_METHODS if m != "draft_model" or drafter]
         if "draft_model" in methods:
             options["draft_model"]["model"] = str(resolve_model(drafter, spec.dtype, prepare=False))
         with_ids = [r for r in records if r.prompt_token_ids is not None and r.output_token_ids is not None]

@@ -11,7 +11,7 @@ from typing import Any
 
 from speclab.analyze.acceptance import acceptance_stats, observed_stats
 from speclab.analyze.oracle import DEFAULT_MAX_REQUESTS, load_cost_model, oracle_gap
-from speclab.analyze.overlap import bleu4_precision, overlap_vs_advantage
+from speclab.analyze.overlap import overlap_vs_advantage
 from speclab.analyze.tables import format_tables
 from speclab.bench.rows import entry_labels, read_rows
 from speclab.errors import SpeclabError
@@ -23,7 +23,6 @@ __all__ = [
     "SCHEMA",
     "acceptance_stats",
     "analyze",
-    "bleu4_precision",
     "format_tables",
     "observed_stats",
     "oracle_gap",

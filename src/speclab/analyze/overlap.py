@@ -1,67 +1,24 @@
 """Prompt-output overlap against the advantage of a model-free proposer (n-gram) over a model drafter.
 
-Overlap per request: `speclab.workloads.overlap.ngram_overlap(prompt_ids, output_ids)` when that module is
-installed; otherwise our own BLEU-4 style precision (`bleu4_precision`, below). The report says which.
+Overlap per request: `speclab.workloads.overlap.ngram_overlap(prompt_ids, output_ids)` (the study's BLEU-4 of
+the output against the prompt, on token ids); the report names it.
 Advantage per request: mean acc_len(ngram) - mean acc_len(model drafter) over positions 1..n-1.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
+from speclab.methods.catalog import MODEL_BASED, MODEL_FREE
 from speclab.traces import RequestTrace
+from speclab.workloads.overlap import ngram_overlap
 
-MODEL_FREE = ("ngram", "suffix")
-MODEL_BASED = ("eagle3", "eagle", "draft_model", "mtp")
 OVERLAP_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0001)
-OWN_OVERLAP = "speclab.analyze.overlap.bleu4_precision (own BLEU-4 style precision)"
-
-
-def _ngrams(tokens: Sequence[int], n: int) -> Counter:
-    return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
-
-
-def bleu4_precision(prompt_ids: Sequence[int], output_ids: Sequence[int], max_n: int = 4) -> float:
-    """BLEU-4 style overlap of the output (candidate) against the prompt (reference), on token ids.
-
-    Geometric mean of the clipped n-gram precisions p1..p4 (no brevity penalty: we measure how much of the
-    output could be copied from the prompt, not translation quality). Zero counts are smoothed with
-    epsilon 0.1 / total (Chen & Cherry's method 1) so one missing 4-gram does not zero a long output.
-    """
-    out = list(map(int, output_ids))
-    ref = list(map(int, prompt_ids))
-    if not out or not ref:
-        return 0.0
-    logs = []
-    for n in range(1, max_n + 1):
-        cand = _ngrams(out, n)
-        total = sum(cand.values())
-        if total == 0:
-            break
-        refc = _ngrams(ref, n)
-        match = sum(min(c, refc.get(g, 0)) for g, c in cand.items())
-        logs.append(math.log((match if match > 0 else 0.1) / total))
-    if not logs:
-        return 0.0
-    return float(math.exp(sum(logs) / len(logs)))
-
-
-def overlap_function() -> tuple[Callable[[Sequence[int], Sequence[int]], float], str]:
-    """The overlap statistic to use, and its name for the report."""
-    try:
-        from speclab.workloads.overlap import ngram_overlap  # type: ignore[import-not-found]
-    except ImportError:
-        return bleu4_precision, OWN_OVERLAP
-    try:  # check it accepts (prompt_ids, output_ids) and returns a number
-        float(ngram_overlap([1, 2, 3, 4, 5], [1, 2, 3, 4, 5]))
-    except Exception:  # noqa: BLE001 - any failure: fall back to our own statistic
-        return bleu4_precision, OWN_OVERLAP + "; workloads.overlap.ngram_overlap did not accept token ids"
-    return (lambda p, o: float(ngram_overlap(p, o))), "speclab.workloads.overlap.ngram_overlap"
+OVERLAP_SOURCE = "speclab.workloads.overlap.ngram_overlap"
 
 
 def _rank(a: np.ndarray) -> np.ndarray:
@@ -84,7 +41,6 @@ def _corr(x: np.ndarray, y: np.ndarray) -> float | None:
 def overlap_vs_advantage(records: Iterable[RequestTrace]) -> dict[str, Any]:
     """Per workload and (model-free, model-based) pair: per-request points, correlations, a linear fit
     and the overlap at which the fit crosses zero (where n-gram starts to win), plus binned means."""
-    fn, source = overlap_function()
     points: dict[tuple[str, str, str], list[tuple[float, float, str]]] = defaultdict(list)
     skipped_no_ids = 0
     for r in records:
@@ -99,7 +55,7 @@ def overlap_vs_advantage(records: Iterable[RequestTrace]) -> dict[str, Any]:
         ]
         if not frees or not models:
             continue
-        ov = fn(r.prompt_token_ids.tolist(), r.output_token_ids.tolist())
+        ov = float(ngram_overlap(r.prompt_token_ids.tolist(), r.output_token_ids.tolist()))
         for f in frees:
             mf = float(r.methods[f].acc_len[1:].mean())
             for m in models:
@@ -147,4 +103,4 @@ def overlap_vs_advantage(records: Iterable[RequestTrace]) -> dict[str, Any]:
                 "points": [[round(p[0], 4), round(p[1], 4), p[2]] for p in pts[:5000]],
             }
         )
-    return {"overlap_source": source, "skipped_without_token_ids": skipped_no_ids, "groups": groups}
+    return {"overlap_source": OVERLAP_SOURCE, "skipped_without_token_ids": skipped_no_ids, "groups": groups}

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from speclab.atomic import atomic_path, atomic_write_text
-from speclab.costmodel.fit import COLUMNS as TIMINGS_COLUMNS
+from speclab.timings import COLUMNS as TIMINGS_COLUMNS
 from speclab.traces import MethodTrace, RequestTrace, write_store
 
 # (workload, category, share of output copied from the prompt)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from speclab.bench.spec import MethodEntry, SweepSpec
@@ -69,27 +69,59 @@ class EngineGroup:
     cells: list[Cell] = field(default_factory=list)
 
 
-def engine_settings(spec: SweepSpec, m: MethodEntry) -> dict[str, Any]:
-    """What defines an engine, apart from max_num_seqs (that follows from its cells)."""
-    return {
-        "target": spec.target,
-        "dtype": spec.dtype,
-        "method": m.name,
-        "k": m.k,
-        "options": m.options,
-        "max_model_len": spec.max_model_len,
-        "enforce_eager": spec.enforce_eager,
-        "kv_cache_gib": spec.kv_cache_gib,
-        "seed": spec.seed,
-        "llm_kwargs": spec.llm_kwargs,
-    }
+def engine_spec(spec: SweepSpec, m: MethodEntry) -> EngineSpec:
+    """The engine a method entry of the sweep runs on (max_num_seqs is set later, from its cells)."""
+    return EngineSpec(
+        target=spec.target,
+        dtype=spec.dtype,
+        method=m.name,
+        k=m.k,
+        options=dict(m.options),
+        max_model_len=spec.max_model_len,
+        max_num_seqs=1,
+        enforce_eager=spec.enforce_eager,
+        kv_cache_gib=spec.kv_cache_gib,
+        seed=spec.seed,
+        llm_kwargs=dict(spec.llm_kwargs),
+    )
+
+
+# EngineSpec fields hashed into engine and cell ids whatever their value (all of them when ids were made);
+# a field added later is hashed only when it differs from its default, so that existing run directories keep
+# their ids (and resume) until a sweep uses the new setting.
+_ID_FIELDS = (
+    "target",
+    "dtype",
+    "method",
+    "k",
+    "options",
+    "max_model_len",
+    "enforce_eager",
+    "kv_cache_gib",
+    "seed",
+    "llm_kwargs",
+)
+_NOT_IN_ID = ("max_num_seqs",)  # follows from the engine's cells: adding a batch size keeps the ids
+_DEFAULT_ENGINE = EngineSpec(target="")
+
+
+def engine_settings(eng: EngineSpec) -> dict[str, Any]:
+    """What defines an engine, for its id: every EngineSpec field but max_num_seqs (see _ID_FIELDS)."""
+    out = {}
+    for f in fields(EngineSpec):
+        if f.name in _NOT_IN_ID:
+            continue
+        value = getattr(eng, f.name)
+        if f.name in _ID_FIELDS or value != getattr(_DEFAULT_ENGINE, f.name):
+            out[f.name] = value
+    return out
 
 
 def expand_cells(spec: SweepSpec) -> list[Cell]:
     """All cells of a sweep, baseline (none) cells first, then in method order, workload, batching, batch."""
     cells: list[Cell] = []
     for m in spec.methods:
-        eng = engine_settings(spec, m)
+        eng = engine_settings(engine_spec(spec, m))
         ekey = _digest(eng)
         for w in spec.workloads:
             if m.workloads is not None and w not in m.workloads:
@@ -142,19 +174,7 @@ def group_engines(spec: SweepSpec, cells: list[Cell]) -> list[EngineGroup]:
     for c in cells:
         g = groups.get(c.engine_key)
         if g is None:
-            eng = EngineSpec(
-                target=spec.target,
-                dtype=spec.dtype,
-                method=c.method.name,
-                k=c.method.k,
-                options=dict(c.method.options),
-                max_model_len=spec.max_model_len,
-                max_num_seqs=1,
-                enforce_eager=spec.enforce_eager,
-                kv_cache_gib=spec.kv_cache_gib,
-                seed=spec.seed,
-                llm_kwargs=dict(spec.llm_kwargs),
-            )
+            eng = engine_spec(spec, c.method)
             g = groups[c.engine_key] = EngineGroup(engine_id=f"{c.method.label}-{c.engine_key}", engine=eng)
         g.cells.append(c)
     out = sorted(groups.values(), key=lambda g: 0 if g.engine.method == "none" else 1)

@@ -15,9 +15,7 @@ from typing import Any
 from speclab.bench.spec import SweepSpec
 from speclab.engine.protocol import PromptSpec
 from speclab.errors import ConfigError, SpeclabError
-
-# Methods whose option "model" is a checkpoint with its own tokenizer (checked against the target's).
-_DRAFTERS_WITH_TOKENIZER = ("draft_model",)
+from speclab.methods.catalog import CATALOG
 
 
 def _looks_like_path(name: str) -> bool:
@@ -41,27 +39,24 @@ def resolve_model(name: str, dtype: str, what: str) -> str | None:
         return str(p.resolve())
     if _looks_like_path(name):
         raise ConfigError(f"{what} {name!r}: no such file or directory")
-    try:
-        from speclab.models import presets
-        from speclab.models import resolve_model as _resolve
-    except ImportError:  # pragma: no cover - models is part of speclab
-        presets, _resolve = None, None
+    from speclab.models import presets
+    from speclab.models import resolve_model as _resolve
+
     hub_id = name if _looks_like_hub_id(name) else None
-    if presets is not None and _resolve is not None:
-        ps = presets()
-        if name in ps:
-            preset = ps[name]
-            if preset.buildable:
-                try:
-                    return str(_resolve(name, dtype, prepare=False))
-                except SpeclabError as exc:
-                    raise ConfigError(f"{what}: {exc}") from None
-            hub_id = preset.hub_id
-        elif hub_id is None:
-            known = ", ".join(sorted(ps))
-            raise ConfigError(
-                f"{what} {name!r}: not found (not a checkpoint directory, a model preset ({known}) or a hub id)"
-            )
+    ps = presets()
+    if name in ps:
+        preset = ps[name]
+        if preset.buildable:
+            try:
+                return str(_resolve(name, dtype, prepare=False))
+            except SpeclabError as exc:
+                raise ConfigError(f"{what}: {exc}") from None
+        hub_id = preset.hub_id
+    elif hub_id is None:
+        known = ", ".join(sorted(ps))
+        raise ConfigError(
+            f"{what} {name!r}: not found (not a checkpoint directory, a model preset ({known}) or a hub id)"
+        )
     if hub_id is None:
         raise ConfigError(f"{what} {name!r}: not found (not a checkpoint directory or a hub id org/name)")
     return _local_hub_snapshot(hub_id)
@@ -145,13 +140,14 @@ def preflight(spec: SweepSpec, check_models: bool = True) -> Preflight:
         target_path = resolve_model(spec.target, spec.dtype, "target")
         for m in spec.methods:
             drafter = m.options.get("model")
-            if m.name in _DRAFTERS_WITH_TOKENIZER and isinstance(drafter, str):
+            kind = CATALOG[m.name].model_option
+            if kind == "checkpoint" and isinstance(drafter, str):  # it must share the target's tokenizer
                 dpath = resolve_model(drafter, spec.dtype, f"{m.label}: drafter")
                 if dpath is not None and target_path is not None:
                     check_drafter_tokenizer(target_path, dpath, drafter)
-            elif m.name in ("eagle", "eagle3") and isinstance(drafter, str):
+            elif kind == "head" and isinstance(drafter, str):
                 resolve_model(drafter, spec.dtype, f"{m.label}: drafter head")
-            elif m.name == "custom_class" and isinstance(drafter, str):
+            elif kind == "class" and isinstance(drafter, str):
                 _check_class_path(drafter, m.label)
     return Preflight(target_path=target_path, categories=categories)
 

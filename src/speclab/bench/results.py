@@ -18,21 +18,15 @@ import pyarrow.parquet as pq
 
 from speclab.atomic import atomic_path, atomic_write_text
 from speclab.bench.cells import Cell
+from speclab.engine.measure import loadavg
 from speclab.engine.protocol import CellResult
 from speclab.errors import ConfigError
+from speclab.methods.catalog import trace_method_name
 from speclab.traces.model import RequestTrace
 from speclab.traces.store import read_store, records_to_table
 
 RESULTS = "results.jsonl"
 TRACES = "traces"
-
-
-def trace_method_name(method: str, options: dict[str, Any]) -> str:
-    """The trace method name (speclab.traces.KNOWN_METHODS) of an engine method."""
-    if method == "custom_class":
-        cls = str(options.get("model", "custom")).rsplit(".", 1)[-1]
-        return f"custom:{cls}"
-    return method
 
 
 def parse_rows(path: Path) -> dict[str, dict[str, Any]]:
@@ -88,13 +82,6 @@ class ResultsStore:
 
     def ordered(self) -> list[dict[str, Any]]:
         return list(self.rows.values())
-
-
-def _loadavg() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:  # pragma: no cover - not on every platform
-        return None
 
 
 # --- metrics ----------------------------------------------------------------------------------------------
@@ -309,7 +296,7 @@ def build_row(
             "engine_info": res.engine_info,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             # other processes competing for the CPUs make throughputs noisy: keep the evidence
-            "host": {"loadavg_1m": _loadavg(), "cpus": os.cpu_count()},
+            "host": {"loadavg_1m": loadavg(), "cpus": os.cpu_count()},
         }
     )
     if res.status == "ok" and not cell.is_baseline:

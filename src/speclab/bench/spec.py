@@ -54,8 +54,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from speclab.engine.protocol import BATCHING, DTYPES, METHODS, METHODS_NEEDING_MODEL
+from speclab.engine.protocol import BATCHING, DTYPES
 from speclab.errors import ConfigError
+from speclab.methods.catalog import ENGINE_METHODS, METHODS_NEEDING_MODEL
 
 TOP_KEYS = {
     "name",
@@ -80,7 +81,7 @@ _LABEL_RE = re.compile(r"^[A-Za-z0-9_.+\-]+$")
 
 @dataclass
 class MethodEntry:
-    name: str  # an engine method (speclab.engine.protocol.METHODS)
+    name: str  # an engine method (speclab.methods.catalog.ENGINE_METHODS)
     k: int | None
     options: dict[str, Any] = field(default_factory=dict)
     label: str = ""  # shown in tables and cell ids; default "none" / "<name>-k<k>"
@@ -212,10 +213,10 @@ def _method(d: Any, i: int, src: str) -> MethodEntry:
         raise ConfigError(f"{where}: give either name or method, not both")
     name = d.get("name", d.get("method"))
     if name is None:
-        raise ConfigError(f"{where}: field name: missing (one of {', '.join(METHODS)})")
+        raise ConfigError(f"{where}: field name: missing (one of {', '.join(ENGINE_METHODS)})")
     name = _str(name, f"{where}: field name")
-    if name not in METHODS:
-        raise ConfigError(f"{where}: unknown method {name!r} (known: {', '.join(METHODS)})")
+    if name not in ENGINE_METHODS:
+        raise ConfigError(f"{where}: unknown method {name!r} (known: {', '.join(ENGINE_METHODS)})")
     where = f"{where} ({name})"
     k = d.get("k")
     if name == "none":

@@ -9,6 +9,7 @@ import sys
 import click
 
 from speclab.atomic import atomic_write_text
+from speclab.cli import int_list
 
 
 @click.command(name="analyze")
@@ -43,16 +44,8 @@ def command(
     n-gram advantage over model drafters, and measured vs simulated oracle speedup per batch size.
     """
     from speclab.analyze import analyze, format_tables
-    from speclab.errors import ConfigError
 
-    sizes = None
-    if batch_sizes:
-        try:
-            sizes = [int(x) for x in batch_sizes.split(",") if x.strip()]
-        except ValueError:
-            raise ConfigError(
-                f"--batch-sizes: expected a comma list of integers, got {batch_sizes!r}"
-            ) from None
+    sizes = int_list(batch_sizes or None, "--batch-sizes")
     result = analyze(
         traces,
         run=run,

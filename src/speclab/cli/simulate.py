@@ -8,6 +8,7 @@ import json
 
 import click
 
+from speclab.cli import int_list
 from speclab.errors import ConfigError
 
 CSV_FIELDS = [
@@ -42,10 +43,7 @@ def _rows(results: list) -> list[dict]:
 
 
 def _parse_sizes(s: str) -> list[int]:
-    try:
-        sizes = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--batch-sizes {s!r}: expected comma-separated integers like 1,8,16") from None
+    sizes = int_list(s, "--batch-sizes") or []
     if not sizes or min(sizes) < 1:
         raise ConfigError(f"--batch-sizes {s!r}: need integers >= 1")
     return sizes

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from speclab.errors import ConfigError
+from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N
 
 _METHODS_HELP = "Comma list of methods to replay: ngram, suffix, draft_model, eagle (experimental)."
 
@@ -63,8 +64,8 @@ def _progress(desc: str):
 @click.option("--methods", default="ngram,suffix", show_default=True, help=_METHODS_HELP)
 @click.option("--k-max", default=20, show_default=True, help="Longest proposal replayed per position.")
 @click.option("--out", "out", type=click.Path(), help="Output store (.parquet file, directory, or .jsonl).")
-@click.option("--ngram-min", default=3, show_default=True, help="n-gram prompt_lookup_min.")
-@click.option("--ngram-max", default=7, show_default=True, help="n-gram prompt_lookup_max.")
+@click.option("--ngram-min", default=NGRAM_MIN_N, show_default=True, help="n-gram prompt_lookup_min.")
+@click.option("--ngram-max", default=NGRAM_MAX_N, show_default=True, help="n-gram prompt_lookup_max.")
 @click.option("--suffix-max-depth", default=32, show_default=True)
 @click.option("--suffix-max-match", default=12, show_default=True)
 @click.option("--suffix-min-prob", default=0.1, show_default=True)

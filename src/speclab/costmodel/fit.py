@@ -1,14 +1,10 @@
 """Fit the study's cost-model form by least squares from a table of profiled step timings.
 
-CSV columns (CONTRACTS.md section 5): kind,kv_tokens,batched_tokens,num_spec_tokens,num_requests,seconds
-kind = "target" (one target forward), "draft:<method>" (one proposer call for the batch) or "overhead".
+The table (CONTRACTS.md section 5) is read by speclab.timings, which defines its columns.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import math
 import os
 from dataclasses import dataclass, field
 
@@ -16,10 +12,8 @@ import numpy as np
 
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
-
-COLUMNS = ("kind", "kv_tokens", "batched_tokens", "num_spec_tokens", "num_requests", "seconds")
-# Lookup proposers whose cost the study models as a fraction of the verify time.
-LOOKUP_METHODS = ("ngram", "suffix")
+from speclab.methods.catalog import MODEL_FREE
+from speclab.timings import read_timings
 
 
 @dataclass
@@ -30,38 +24,9 @@ class FitReport:
 
 
 def _read_rows(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
-    by_kind: dict[str, list[list[float]]] = {}
-    try:
-        with open(path, newline="") as f:
-            text = f.read()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read timings CSV ({exc.strerror})") from None
-    with io.StringIO(text, newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ConfigError(
-                f"{path}: line 1: missing column(s) {', '.join(missing)} (need {','.join(COLUMNS)})"
-            )
-        for lineno, row in enumerate(reader, 2):
-            kind = (row["kind"] or "").strip()
-            if kind not in ("target", "overhead") and not kind.startswith("draft:"):
-                raise ConfigError(
-                    f"{path}: line {lineno}: field kind: {kind!r} not target, overhead or draft:<method>"
-                )
-            vals = []
-            for c in COLUMNS[1:]:
-                raw = (row[c] or "").strip()
-                try:
-                    v = float(raw) if raw else 0.0
-                except ValueError:
-                    raise ConfigError(f"{path}: line {lineno}: field {c}: not a number: {raw!r}") from None
-                if not math.isfinite(v) or v < 0:
-                    raise ConfigError(
-                        f"{path}: line {lineno}: field {c}: must be a finite number >= 0, got {raw!r}"
-                    )
-                vals.append(v)
-            by_kind.setdefault(kind, []).append(vals)
+    by_kind: dict[str, list[tuple[float, ...]]] = {}
+    for row in read_timings(path):
+        by_kind.setdefault(row.kind, []).append(row.values)
     return {k: np.asarray(v, dtype=np.float64) for k, v in by_kind.items()}
 
 
@@ -105,7 +70,7 @@ def fit_cost_model_report(
             continue
         method = kind.split(":", 1)[1]
         kv, bt, ns, nr, sec = (rows[:, i] for i in range(5))
-        if method in LOOKUP_METHODS:
+        if method in MODEL_FREE:  # lookup: the study models its cost as a share of the verify time
             v = target.time(kv, bt)
             frac = float((sec * v).sum() / (v * v).sum()) if (v * v).sum() > 0 else 0.0
             drafts[method] = DraftCost(form="verify_fraction", fraction=frac)

@@ -1,16 +1,24 @@
-"""Launch the engine worker in its own subprocess with the environment vLLM needs on this machine.
+"""Launch the engine worker in its own subprocess with the environment vLLM needs on this machine, follow
+its output, stop it, and say in one line why it ended.
 
 A crash, OOM kill or hang of the worker is then a failed cell for the sweep runner, not a dead sweep.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import IO, Any
 
+from speclab.engine.protocol import CellResult
+from speclab.errors import ConfigError
 from speclab.models.prepare import cache_root
 
 
@@ -46,6 +54,20 @@ def worker_env(kv_cache_gib: float | None = None, base: dict[str, str] | None = 
     return env
 
 
+def worker_command() -> list[str]:
+    """The command that runs the engine worker (SPECLAB_WORKER_CMD overrides it, e.g. a fake worker in tests)."""
+    override = os.environ.get("SPECLAB_WORKER_CMD")
+    if override:
+        return shlex.split(override)
+    return [sys.executable, "-m", "speclab.engine.worker"]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    # Linux: the worker gets SIGKILL if its parent dies (even by SIGKILL), so no orphan keeps running.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def launch_worker(
     job_path: str | os.PathLike[str],
     out_path: str | os.PathLike[str],
@@ -54,32 +76,98 @@ def launch_worker(
     env: dict[str, str] | None = None,
     python: str | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start `python -m speclab.engine.worker --job JOB --out OUT` in a new process (session) and return it.
+    """Start the worker (`worker_command()`, or `python -m speclab.engine.worker` for a given `python`) with
+    `--job JOB --out OUT` in a new process session and return it.
 
     `log`: where the worker's stdout/stderr go (a file object, subprocess.DEVNULL, or None to inherit).
-    The caller waits on the Popen (with its own timeout); results are in OUT as they complete.
+    The caller waits on the Popen (with its own timeout) and stops it with `stop_worker`; results are in OUT
+    as they complete (`ResultTail` follows them). The worker dies with its parent.
     If kv_cache_gib is None it is read from the job file.
     """
     if kv_cache_gib is None:
         try:
-            import json
-
             kv_cache_gib = float(json.loads(Path(job_path).read_text())["engine"].get("kv_cache_gib", 2.0))
         except (OSError, ValueError, KeyError, TypeError):
             kv_cache_gib = None
-    cmd = [
-        python or sys.executable,
-        "-m",
-        "speclab.engine.worker",
-        "--job",
-        str(job_path),
-        "--out",
-        str(out_path),
-    ]
+    base = [python, "-m", "speclab.engine.worker"] if python else worker_command()
+    cmd = [*base, "--job", str(job_path), "--out", str(out_path)]
     return subprocess.Popen(
         cmd,
         env=worker_env(kv_cache_gib, env),
         stdout=log,
         stderr=subprocess.STDOUT if log is not None else None,
-        start_new_session=True,  # so the runner can kill the worker's whole process group on timeout
+        stdin=subprocess.DEVNULL,
+        # the worker's own session: Ctrl-C reaches only the caller, which then stops the worker's whole
+        # process group cleanly (stop_worker)
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
     )
+
+
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the worker and anything it started (its own session), politely first."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def describe_exit(rc: int) -> str:
+    """A worker's return code in words, for a one-line error."""
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        hint = " (killed: out of memory?)" if -rc == signal.SIGKILL else ""
+        return f"died with {name}{hint}"
+    if rc == 137:
+        return "exited with 137 (killed: out of memory?)"
+    return f"exited with code {rc}"
+
+
+def log_tail(path: str | os.PathLike[str]) -> str:
+    """The last meaningful line of a worker log, for a one-line error."""
+    try:
+        lines = [ln.strip() for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    for ln in reversed(lines):
+        if "Error" in ln or "error" in ln or "Killed" in ln:
+            return ln[:300]
+    return lines[-1][:300] if lines else ""
+
+
+class ResultTail:
+    """Follows a running worker's CELLS.jsonl: each `read()` returns the results of the complete lines
+    appended since the last one (a line still being written is left for later; a bad line is skipped)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.offset = 0
+
+    def read(self) -> list[CellResult]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        end = data.rfind(b"\n")
+        if end < 0:
+            return []
+        self.offset += end + 1
+        out = []
+        for line in data[: end + 1].decode("utf-8", "replace").splitlines():
+            if not line.strip():
+                continue
+            try:
+                out.append(CellResult.from_dict(json.loads(line), str(self.path)))
+            except (json.JSONDecodeError, ConfigError):
+                continue
+        return out

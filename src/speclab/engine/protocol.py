@@ -27,26 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from speclab.atomic import atomic_write_text
-from speclab.costmodel.fit import COLUMNS
 from speclab.errors import ConfigError
+from speclab.methods.catalog import ENGINE_METHODS, METHODS_NEEDING_MODEL
 
-METHODS: tuple[str, ...] = (
-    "none",
-    "ngram",
-    "suffix",
-    "draft_model",
-    "eagle",
-    "eagle3",
-    "mtp",
-    "custom_class",
-)
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 BATCHING: tuple[str, ...] = ("replicate", "continuous")
-# Methods whose options must name a drafter ("model").
-METHODS_NEEDING_MODEL: tuple[str, ...] = ("draft_model", "eagle", "eagle3", "custom_class")
-
-# Timings CSV (CONTRACTS.md section 5): the columns are those the cost-model fit reads.
-TIMINGS_COLUMNS: tuple[str, ...] = COLUMNS
 
 
 def _err(where: str, msg: str) -> ConfigError:
@@ -91,8 +76,8 @@ class EngineSpec:
             raise _err(where, "field target: must be a non-empty string")
         if self.dtype not in DTYPES:
             raise _err(where, f"field dtype: {self.dtype!r} not one of {', '.join(DTYPES)}")
-        if self.method not in METHODS:
-            raise _err(where, f"field method: {self.method!r} not one of {', '.join(METHODS)}")
+        if self.method not in ENGINE_METHODS:
+            raise _err(where, f"field method: {self.method!r} not one of {', '.join(ENGINE_METHODS)}")
         if self.method == "none":
             if self.k not in (None, 0):
                 raise _err(where, "field k: must be null for method none")

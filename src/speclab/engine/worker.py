@@ -15,12 +15,10 @@ could not start (every cell is then written as failed with the reason), 2 for an
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib
 import importlib.util
 import json
 import os
-import resource
 import sys
 import time
 import traceback
@@ -28,27 +26,37 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from speclab.engine.measure import (
+    checkpoint_num_params,
+    counters_delta,
+    flatten_tensors,
+    loadavg,
+    peak_rss_bytes,
+    spec_metrics,
+    unique_bytes,
+)
 from speclab.engine.protocol import (
-    TIMINGS_COLUMNS,
     CellResult,
     CellSpec,
     EngineSpec,
     Job,
     MemoryInfo,
     RequestResult,
-    SpecCounters,
     TimeSplit,
     append_result,
     read_job,
 )
 from speclab.errors import SpeclabError
+from speclab.methods.catalog import (
+    DRAFTER_CHECKPOINT_METHODS,
+    MODEL_BASED,
+    SAME_TOKENIZER_METHODS,
+    trace_method_name,
+)
+from speclab.timings import append_timings
 
-SPEC_METRICS = {
-    "vllm:spec_decode_num_drafts": "num_drafts",
-    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
-}
-PER_POS_METRIC = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# engine steps in a row without a new token or a finished request before drive() gives up
+MAX_IDLE_STEPS = 10_000
 
 
 # --- configuration -------------------------------------------------------------------------------------
@@ -60,11 +68,11 @@ def resolve_paths(spec: EngineSpec) -> tuple[str, str | None]:
 
     target = str(resolve_model(spec.target, spec.dtype if spec.dtype != "float16" else "float32"))
     drafter: str | None = None
-    if spec.method in ("draft_model", "eagle", "eagle3"):
+    if spec.method in DRAFTER_CHECKPOINT_METHODS:
         drafter = str(
             resolve_model(spec.options["model"], spec.dtype if spec.dtype != "float16" else "float32")
         )
-        if spec.method == "draft_model" or (Path(drafter) / "tokenizer.json").is_file():
+        if spec.method in SAME_TOKENIZER_METHODS or (Path(drafter) / "tokenizer.json").is_file():
             check_same_tokenizer(target, drafter)
     elif spec.method == "suffix":
         if importlib.util.find_spec("arctic_inference") is None:
@@ -124,121 +132,6 @@ def llm_kwargs(spec: EngineSpec, target: str, drafter: str | None) -> dict[str, 
     return kw
 
 
-# --- helpers -------------------------------------------------------------------------------------------
-
-
-def _unique_bytes(tensors: Any, exclude: set[int] | None = None) -> tuple[int, set[int]]:
-    """Bytes of distinct tensors (tied weights counted once; `exclude`: data pointers already counted)."""
-    seen: set[int] = set()
-    total = 0
-    for t in tensors:
-        try:
-            ptr = int(t.data_ptr())
-            nbytes = int(t.numel()) * int(t.element_size())
-        except Exception:
-            continue
-        if ptr in seen or (exclude and ptr in exclude):
-            continue
-        seen.add(ptr)
-        total += nbytes
-    return total, seen
-
-
-def checkpoint_num_params(path: str | None) -> int | None:
-    """Parameters stored in a local safetensors checkpoint, read from the file headers (no tensors
-    loaded). Tied weights are stored once, so they count once."""
-    if path is None or not Path(path).is_dir():
-        return None
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        return None
-    total = 0
-    for f in files:
-        with open(f, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(n))
-        for name, meta in header.items():
-            if name == "__metadata__":
-                continue
-            numel = 1
-            for d in meta["shape"]:
-                numel *= int(d)
-            total += numel
-    return total
-
-
-def _flatten_tensors(obj: Any) -> list[Any]:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, list | tuple):
-        return [t for x in obj for t in _flatten_tensors(x)]
-    if isinstance(obj, dict):
-        return [t for x in obj.values() for t in _flatten_tensors(x)]
-    return []
-
-
-def _spec_metrics(llm: Any) -> SpecCounters:
-    c = SpecCounters()
-    per_pos: list[int] = []
-    for m in llm.get_metrics():
-        if m.name in SPEC_METRICS:
-            field = SPEC_METRICS[m.name]
-            setattr(c, field, getattr(c, field) + int(m.value))
-        elif m.name == PER_POS_METRIC:
-            vals = list(m.values)
-            per_pos += [0] * (len(vals) - len(per_pos))
-            for i, v in enumerate(vals):
-                per_pos[i] += int(v)
-    c.accepted_per_pos = per_pos
-    return c
-
-
-def _delta(after: SpecCounters, before: SpecCounters) -> SpecCounters:
-    n = max(len(after.accepted_per_pos), len(before.accepted_per_pos))
-    a = after.accepted_per_pos + [0] * (n - len(after.accepted_per_pos))
-    b = before.accepted_per_pos + [0] * (n - len(before.accepted_per_pos))
-    return SpecCounters(
-        num_drafts=after.num_drafts - before.num_drafts,
-        num_draft_tokens=after.num_draft_tokens - before.num_draft_tokens,
-        num_accepted_tokens=after.num_accepted_tokens - before.num_accepted_tokens,
-        accepted_per_pos=[x - y for x, y in zip(a, b, strict=True)],
-    )
-
-
-def _draft_kind(spec: EngineSpec) -> str:
-    """The method name used in timings rows (draft:<name>): the trace method name, so custom proposers
-    appear as custom:<ClassName> (CONTRACTS.md section 1)."""
-    if spec.method == "custom_class":
-        return "custom:" + str(spec.options.get("model", "custom")).rsplit(".", 1)[-1]
-    return spec.method
-
-
-def _loadavg() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
-
-
-def _peak_rss_bytes() -> int:
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
-
-
-def _append_timings(path: str, rows: list[Any]) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    new = not p.exists() or p.stat().st_size == 0
-    with open(p, "a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(TIMINGS_COLUMNS)
-        for r in rows:
-            w.writerow(r.as_list())
-        f.flush()
-
-
 # --- the engine ----------------------------------------------------------------------------------------
 
 
@@ -272,7 +165,8 @@ class Engine:
         self.runner = self._find_runner()
         on_gpu = torch.cuda.is_available() and str(getattr(self.runner, "device", "cpu")).startswith("cuda")
         self.profiler = StepProfiler(
-            method=_draft_kind(spec), sync=torch.cuda.synchronize if on_gpu else None
+            method=trace_method_name(spec.method, spec.options),
+            sync=torch.cuda.synchronize if on_gpu else None,
         )
         if self.runner is not None:
             self.profiler.install(self.runner)
@@ -312,9 +206,9 @@ class Engine:
         esize = 4 if self.spec.dtype == "float32" else 2
         n_target = checkpoint_num_params(self.target)
         try:
-            wbytes, wptrs = _unique_bytes(r.model.parameters())
+            wbytes, wptrs = unique_bytes(r.model.parameters())
             mem.weights_bytes = n_target * esize if n_target is not None else wbytes
-            if self.spec.method in ("none", "ngram", "suffix", "custom_class"):
+            if self.spec.method not in MODEL_BASED:
                 mem.draft_weights_bytes = 0
             else:
                 n_draft = checkpoint_num_params(self.drafter)
@@ -322,8 +216,8 @@ class Engine:
                 if n_draft is not None:
                     mem.draft_weights_bytes = n_draft * esize
                 elif drafter_model is not None and hasattr(drafter_model, "parameters"):
-                    mem.draft_weights_bytes, _ = _unique_bytes(drafter_model.parameters(), exclude=wptrs)
-            mem.kv_cache_bytes, _ = _unique_bytes(_flatten_tensors(getattr(r, "kv_caches", [])))
+                    mem.draft_weights_bytes, _ = unique_bytes(drafter_model.parameters(), exclude=wptrs)
+            mem.kv_cache_bytes, _ = unique_bytes(flatten_tensors(getattr(r, "kv_caches", [])))
         except Exception:
             pass
         return mem
@@ -345,6 +239,7 @@ class Engine:
         in_flight = 0
         done: dict[Any, Any] = {}
         steps = 0
+        idle = 0  # steps in a row in which no request got a token or finished
         prof = self.profiler
         try:
             while pending or in_flight:
@@ -361,6 +256,9 @@ class Engine:
                 outs = self.engine.step()
                 prof.end_step(time.perf_counter() - t0)
                 steps += 1
+                # vLLM returns an output only for a request that got new tokens or finished; a step without
+                # any (a chunk of a long prefill) is legitimate, but not thousands of them in a row
+                idle = 0 if outs else idle + 1
                 for o in outs:
                     if o.finished and o.request_id in running:
                         key = running[o.request_id]
@@ -368,8 +266,8 @@ class Engine:
                         for rid in [rid for rid, k in running.items() if k == key]:
                             del running[rid]
                         in_flight -= 1
-                if steps > 10_000_000:
-                    raise RuntimeError("engine made no progress")
+                if idle > MAX_IDLE_STEPS:
+                    raise RuntimeError(f"engine made no progress in {idle} steps in a row")
         except BaseException:
             ids = [rid for rid in running if rid.startswith("speclab-") and "-" not in rid[len("speclab-") :]]
             if ids:
@@ -390,10 +288,10 @@ class Engine:
     def run_cell(self, cell: CellSpec) -> CellResult:
         spec = self.spec
         sd = spec.method != "none"
-        before = _spec_metrics(self.llm) if sd else None
+        before = spec_metrics(self.llm) if sd else None
         self.profiler.reset()
         self.profiler.enabled = True
-        load0 = _loadavg()
+        load0 = loadavg()
         t0 = time.perf_counter()
         outputs: dict[Any, Any] = {}
         steps = 0
@@ -428,7 +326,7 @@ class Engine:
                     )
                 )
         mem = MemoryInfo(**vars(self.memory))
-        mem.peak_rss_bytes = _peak_rss_bytes()
+        mem.peak_rss_bytes = peak_rss_bytes()
         prof = self.profiler
         result = CellResult(
             cell_id=cell.cell_id,
@@ -439,14 +337,16 @@ class Engine:
             requests=requests,
             time_split_s=TimeSplit(propose=prof.propose_s, verify=prof.verify_s, other=prof.other_s),
             memory=mem,
-            spec_counters=_delta(_spec_metrics(self.llm), before) if sd and before is not None else None,
+            spec_counters=counters_delta(spec_metrics(self.llm), before)
+            if sd and before is not None
+            else None,
             # the 1-minute load average around the cell: on a shared machine, a value above the core count
             # means other processes competed for the CPU and the timings are inflated
             engine_info=dict(
                 self.info,
                 profiled_steps=prof.steps,
                 loadavg_start=load0,
-                loadavg_end=_loadavg(),
+                loadavg_end=loadavg(),
                 cpus=os.cpu_count(),
             ),
         )
@@ -490,7 +390,7 @@ def run_job(job: Job, out: str) -> int:
         append_result(out, res)
         if res.status == "ok" and job.timings_csv:
             try:
-                _append_timings(job.timings_csv, engine.profiler.rows)
+                append_timings(job.timings_csv, (r.as_list() for r in engine.profiler.rows))
             except OSError as exc:
                 print(f"speclab worker: cannot append timings: {exc}", file=sys.stderr)
         print(

@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from speclab.errors import ConfigError
+from speclab.methods.catalog import REPLAY_METHODS
 
-REPLAY_METHODS: tuple[str, ...] = ("ngram", "suffix", "draft_model", "eagle")
+__all__ = ["REPLAY_METHODS", "make_proposer"]
 
 
 def make_proposer(method: str, **options: Any) -> Any:

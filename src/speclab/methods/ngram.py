@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from speclab.errors import ConfigError
+from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N
 
 
 def _first_occurrence_by_n(x: np.ndarray, max_n: int) -> list[np.ndarray]:
@@ -99,8 +100,8 @@ def ngram_lookup(
 class NgramProposer:
     """Prompt lookup with vLLM's rules. `min_n`/`max_n` are vLLM's prompt_lookup_min/max."""
 
-    min_n: int = 3
-    max_n: int = 7
+    min_n: int = NGRAM_MIN_N
+    max_n: int = NGRAM_MAX_N
     max_model_len: int | None = None
 
     name = "ngram"

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.methods.ngram import NgramProposer
 from speclab.methods.suffix import SuffixRequest, SuffixSpeculator
 
@@ -80,8 +81,8 @@ class SpeclabNgramProposer(_Base):
     def __init__(self, vllm_config: Any) -> None:
         super().__init__(vllm_config)
         self.proposer = NgramProposer(
-            min_n=int(self.options.get("min_n", 3)),
-            max_n=int(self.options.get("max_n", 7)),
+            min_n=int(self.options.get("min_n", NGRAM_MIN_N)),
+            max_n=int(self.options.get("max_n", NGRAM_MAX_N)),
             max_model_len=self.max_model_len,
         )
 

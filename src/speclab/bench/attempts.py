@@ -1,0 +1,116 @@
+"""The engine attempts of a run directory: RUN/engines/<engine>/attempt-<n>/ holds one worker run's
+job.json, categories.json (workload -> category), cells.jsonl, timings.csv and worker.log.
+
+A new attempt is made for every worker start (the first, and a restart after a crash). What the runner needs
+from old attempts: the cells a worker finished that a killed runner never recorded, and the timings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from speclab.atomic import atomic_write_text
+from speclab.bench.cells import Cell, EngineGroup
+from speclab.bench.preflight import PromptSet
+from speclab.engine.protocol import CellResult, CellSpec, Job, read_results, write_job
+from speclab.errors import ConfigError
+from speclab.timings import COLUMNS, read_timings
+
+
+@dataclass
+class Attempt:
+    """One worker run for an engine group: its directory, the cells given to it and those it finished."""
+
+    dir: Path
+    group: EngineGroup
+    cells: list[Cell]
+    prompts_by_cell: dict[str, dict[str, list[int]]]
+    categories: dict[str, str]  # workload -> category
+    done: set[str] = field(default_factory=set)
+
+    @property
+    def job_path(self) -> Path:
+        return self.dir / "job.json"
+
+    @property
+    def cells_path(self) -> Path:
+        return self.dir / "cells.jsonl"
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "worker.log"
+
+
+def attempt_dirs(run_dir: Path) -> list[Path]:
+    base = run_dir / "engines"
+    if not base.exists():
+        return []
+    return sorted(p for p in base.glob("*/attempt-*") if p.is_dir())
+
+
+def new_attempt(
+    run_dir: Path, g: EngineGroup, cells: list[Cell], prompt_sets: dict[str, PromptSet]
+) -> Attempt:
+    """Make the engine's next attempt directory and write its job (the given cells on the group's engine)."""
+    base = run_dir / "engines" / g.engine_id
+    n = 1
+    while (base / f"attempt-{n}").exists():
+        n += 1
+    ad = base / f"attempt-{n}"
+    ad.mkdir(parents=True)
+    cell_specs = [
+        CellSpec(
+            cell_id=c.cell_id,
+            batching=c.batching,
+            batch_size=c.batch_size,
+            max_tokens=c.max_tokens,
+            prompts=prompt_sets[c.workload].prompts,
+        )
+        for c in cells
+    ]
+    job = Job(engine=g.engine, cells=cell_specs, timings_csv=str((ad / "timings.csv").resolve()))
+    write_job(job, ad / "job.json")
+    categories = {w: ps.category for w, ps in prompt_sets.items()}
+    atomic_write_text(ad / "categories.json", json.dumps(categories))
+    prompts_by_cell = {
+        c.cell_id: {p.id: p.prompt_token_ids for p in prompt_sets[c.workload].prompts} for c in cells
+    }
+    return Attempt(ad, g, list(cells), prompts_by_cell, categories)
+
+
+def finished_results(
+    run_dir: Path,
+) -> Iterator[tuple[str, CellResult, dict[str, list[int]], dict[str, str]]]:
+    """Every ok result that old workers wrote: (engine id, result, its prompts by id, workload -> category).
+    Attempts whose files cannot be read (killed before the job was written) are skipped."""
+    for ad in attempt_dirs(run_dir):
+        cells_path = ad / "cells.jsonl"
+        job_path = ad / "job.json"
+        if not cells_path.exists() or not job_path.exists():
+            continue
+        try:
+            results = read_results(cells_path)
+            job = json.loads(job_path.read_text())
+            cats = json.loads((ad / "categories.json").read_text())
+        except (ConfigError, OSError, json.JSONDecodeError):
+            continue
+        prompts = {
+            c["cell_id"]: {p["id"]: p["prompt_token_ids"] for p in c["prompts"]} for c in job.get("cells", [])
+        }
+        for res in results:
+            if res.status == "ok":
+                yield ad.parent.name, res, prompts.get(res.cell_id, {}), cats
+
+
+def merge_timings(run_dir: Path) -> None:
+    """RUN/timings.csv = every attempt's timings, one header, torn or malformed lines dropped."""
+    lines: list[str] = []
+    for ad in attempt_dirs(run_dir):
+        f = ad / "timings.csv"
+        if f.exists():
+            lines += [",".join(r.fields) + "\n" for r in read_timings(f, strict=False)]
+    if lines or (run_dir / "timings.csv").exists():
+        atomic_write_text(run_dir / "timings.csv", ",".join(COLUMNS) + "\n" + "".join(lines))

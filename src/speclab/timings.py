@@ -1,0 +1,108 @@
+"""The profiled step-timings table (CONTRACTS.md section 5): its columns, its writer and its one reader.
+
+The engine worker appends rows, the sweep runner merges every attempt's file into RUN/timings.csv and the
+cost-model fit reads it. This module sits between them (no heavy imports) so that the engine protocol does
+not depend on the fit and nobody parses the file a second way.
+
+Columns: kind,kv_tokens,batched_tokens,num_spec_tokens,num_requests,seconds. kind is "target" (one target
+forward), "draft:<method>" (one proposer call for the batch) or "overhead" (the rest of the step).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from speclab.errors import ConfigError
+
+COLUMNS: tuple[str, ...] = (
+    "kind",
+    "kv_tokens",
+    "batched_tokens",
+    "num_spec_tokens",
+    "num_requests",
+    "seconds",
+)
+
+
+@dataclass(frozen=True)
+class TimingsRow:
+    kind: str
+    values: tuple[float, ...]  # COLUMNS[1:], an empty field read as 0
+    fields: tuple[str, ...]  # the row as written, so that a merge copies it unchanged
+
+
+def append_timings(path: str | os.PathLike[str], rows: Iterable[Sequence[object]]) -> None:
+    """Append rows (in COLUMNS order) to a timings CSV, writing the header first if the file is new."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    new = not p.exists() or p.stat().st_size == 0
+    with open(p, "a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(COLUMNS)
+        for r in rows:
+            w.writerow(r)
+        f.flush()
+
+
+def read_timings(path: str | os.PathLike[str], *, strict: bool = True) -> list[TimingsRow]:
+    """The rows of a timings CSV. strict: any bad line is a ConfigError naming it. Not strict (a worker's
+    file, possibly cut short by a kill): a torn last line, bad lines and a file without the header are
+    skipped."""
+    try:
+        with open(path, newline="") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read timings CSV ({exc.strerror})") from None
+    if not strict and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]  # a torn last line from a killed worker
+    out: list[TimingsRow] = []
+    with io.StringIO(text, newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, [])
+        missing = [c for c in COLUMNS if c not in header]
+        if missing:
+            if not strict:
+                return []
+            raise ConfigError(
+                f"{path}: line 1: missing column(s) {', '.join(missing)} (need {','.join(COLUMNS)})"
+            )
+        index = [header.index(c) for c in COLUMNS]
+        for lineno, raw in enumerate(reader, 2):
+            if not raw:
+                continue
+            try:
+                out.append(_row(raw, index, header, lineno, path))
+            except ConfigError:
+                if strict:
+                    raise
+    return out
+
+
+def _row(raw: list[str], index: list[int], header: list[str], lineno: int, path: object) -> TimingsRow:
+    if len(raw) != len(header):  # a torn or mangled line
+        raise ConfigError(f"{path}: line {lineno}: {len(raw)} fields, the header has {len(header)}")
+    fields = [raw[i].strip() for i in index]
+    kind = fields[0]
+    if kind not in ("target", "overhead") and not kind.startswith("draft:"):
+        raise ConfigError(
+            f"{path}: line {lineno}: field kind: {kind!r} not target, overhead or draft:<method>"
+        )
+    vals = []
+    for name, field in zip(COLUMNS[1:], fields[1:], strict=True):
+        try:
+            v = float(field) if field else 0.0
+        except ValueError:
+            raise ConfigError(f"{path}: line {lineno}: field {name}: not a number: {field!r}") from None
+        if not math.isfinite(v) or v < 0:
+            raise ConfigError(
+                f"{path}: line {lineno}: field {name}: must be a finite number >= 0, got {field!r}"
+            )
+        vals.append(v)
+    return TimingsRow(kind=kind, values=tuple(vals), fields=tuple(fields))
