@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import types
 
 import numpy as np
@@ -36,9 +35,7 @@ def fake_simulator(monkeypatch):
                 )
         return out
 
-    mod = types.ModuleType("speclab.simulate")
-    mod.simulate = simulate
-    monkeypatch.setitem(sys.modules, "speclab.simulate", mod)
+    monkeypatch.setattr("speclab.analyze.oracle.simulate", simulate)
 
 
 def tiny_llama(seed: int, vocab: int, max_positions: int = 512):

@@ -1,5 +1,4 @@
 import json
-import sys
 import types
 
 import numpy as np
@@ -174,8 +173,9 @@ def test_oracle_gap_with_real_simulator(tmp_path):
 
 def test_oracle_gap_one_failing_policy_and_uncosted_method(monkeypatch):
     fake_simulator(monkeypatch)
-    sim = sys.modules["speclab.simulate"]
-    ok_simulate = sim.simulate
+    import speclab.analyze.oracle as oracle_mod
+
+    ok_simulate = oracle_mod.simulate
 
     def picky(traces, cost_model, policies, **kw):
         from speclab.errors import ConfigError
@@ -184,7 +184,7 @@ def test_oracle_gap_one_failing_policy_and_uncosted_method(monkeypatch):
             raise ConfigError("fixed policies unsupported here")
         return ok_simulate(traces, cost_model, policies, **kw)
 
-    monkeypatch.setattr(sim, "simulate", picky)
+    monkeypatch.setattr(oracle_mod, "simulate", picky)
     recs = [rec(f"r{i}", [1, 4, 4, 4], [1, 2, 2, 2]) for i in range(3)]
     cm = types.SimpleNamespace(draft={"ngram": object()})  # no drafting cost for eagle
     gap = oracle_gap(recs, None, cost_model=cm, cost_model_desc="fake", batch_sizes=[1, 4])

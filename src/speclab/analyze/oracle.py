@@ -19,27 +19,21 @@ from pathlib import Path
 from typing import Any
 
 from speclab.bench.rows import entry_labels
+from speclab.costmodel import CostModel, fit_cost_model, get_cost_model
 from speclab.errors import SpeclabError
+from speclab.simulate import simulate
 from speclab.traces import RequestTrace
 
 DEFAULT_BATCH_SIZES = (1, 8, 16, 32, 64)
 DEFAULT_MAX_REQUESTS = 200
 
 
-def load_cost_model(name: str | None, run: Path | None) -> tuple[Any, str]:
+def load_cost_model(name: str | None, run: Path | None) -> tuple[CostModel, str]:
     """A cost model by registry name, or fitted from RUN/timings.csv. Returns (model, description)."""
-    try:
-        import speclab.costmodel as cm  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise SpeclabError(f"cost models unavailable (speclab.costmodel: {exc})") from None
     if name:
-        for fn_name in ("get_cost_model", "load_cost_model", "get", "load"):
-            fn = getattr(cm, fn_name, None)
-            if callable(fn):
-                return fn(name), f"preset {name}"
-        raise SpeclabError("speclab.costmodel has no lookup by name (get_cost_model)")
+        return get_cost_model(name), f"preset {name}"
     if run is not None and (run / "timings.csv").is_file():
-        return cm.fit_cost_model(run / "timings.csv"), f"fitted from {run / 'timings.csv'}"
+        return fit_cost_model(run / "timings.csv"), f"fitted from {run / 'timings.csv'}"
     raise SpeclabError("no cost model: give --cost-model NAME or a --run with timings.csv")
 
 
@@ -48,14 +42,6 @@ def _sample(records: list[RequestTrace], n: int, seed: int) -> list[RequestTrace
         return records
     rng = random.Random(seed)
     return rng.sample(records, n)
-
-
-def _result_dict(r: Any) -> dict[str, Any]:
-    if hasattr(r, "to_dict"):
-        return dict(r.to_dict())
-    if isinstance(r, dict):
-        return r
-    return dict(vars(r))
 
 
 def _simulate_each(
@@ -99,11 +85,6 @@ def oracle_gap(
     seed: int = 42,
 ) -> dict[str, Any]:
     """See module doc. Returns {"status", "cost_model", "rows": [...], "warnings": [...]}."""
-    try:
-        from speclab.simulate import simulate  # type: ignore[import-not-found]
-    except ImportError as exc:
-        return {"status": "skipped", "reason": f"simulator unavailable ({exc})", "rows": []}
-
     warnings: list[str] = []
     measured: dict[tuple[str, str, int], dict[str, float]] = defaultdict(dict)
     measured_pairs: dict[tuple[str, str], set[tuple[str, int]]] = defaultdict(set)
@@ -163,7 +144,7 @@ def oracle_gap(
                 continue
             sim: dict[int, dict[str, float]] = defaultdict(dict)
             for res in results:
-                d = _result_dict(res)
+                d = res.to_dict()
                 sim[int(d["batch_size"])][str(d["policy"])] = float(d["speedup"])
             for bs in sizes:
                 meas = measured.get((workload, batching, bs), {})
