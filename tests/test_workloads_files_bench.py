@@ -293,3 +293,23 @@ def test_a_file_name_in_the_list_runs_too(
     assert {r["workload"] for r in rows} == {name} and all(r["category"] == "other" for r in rows)
     assert all((tmp_path / "run" / r["trace_part"]).exists() for r in rows)
     assert {r.workload for r in read_store(tmp_path / "run" / "traces")} == {name}
+
+
+def test_cell_ids_follow_the_file_content(tmp_path: Path, user_files: dict[str, Path]) -> None:
+    """Editing a file workload changes its cells' ids (a rerun runs the new prompts); other cells keep theirs."""
+    from speclab.bench.cells import expand_cells
+
+    def ids() -> dict[str, set[str]]:
+        spec, _ = load_sweep_source(sweep_file(tmp_path, user_files))
+        out: dict[str, set[str]] = {}
+        for c in expand_cells(spec):
+            out.setdefault(c.workload, set()).add(c.cell_id)
+        return out
+
+    before = ids()
+    with user_files["chat"].open("a") as fh:
+        fh.write(json.dumps({"messages": [{"role": "user", "content": "one more question"}]}) + "\n")
+    after = ids()
+    assert before["my-chat"].isdisjoint(after["my-chat"])
+    for w in ("offline-math", "my-prompts", "my-log"):
+        assert before[w] == after[w]

@@ -15,6 +15,7 @@ from typing import Any
 
 from speclab.bench.spec import MethodEntry, SweepSpec
 from speclab.engine.protocol import EngineSpec
+from speclab.workloads.file_workloads import file_fingerprint
 
 _BATCHING_SHORT = {"replicate": "rep", "continuous": "cont"}
 
@@ -120,6 +121,7 @@ def engine_settings(eng: EngineSpec) -> dict[str, Any]:
 def expand_cells(spec: SweepSpec) -> list[Cell]:
     """All cells of a sweep, baseline (none) cells first, then in method order, workload, batching, batch."""
     cells: list[Cell] = []
+    fingerprints = {w: file_fingerprint(w, spec.workload_files) for w in spec.workloads}
     for m in spec.methods:
         eng = engine_settings(engine_spec(spec, m))
         ekey = _digest(eng)
@@ -144,6 +146,8 @@ def expand_cells(spec: SweepSpec) -> list[Cell]:
                         # engine settings other than the method: a baseline must match them too
                         "engine": {k: v for k, v in eng.items() if k not in ("method", "k", "options")},
                     }
+                    if fingerprints[w] is not None:  # only for file workloads: built-in cells keep their ids
+                        common["file_sha256"] = fingerprints[w]
                     bkey = _digest(common)
                     h = _digest({"common": common, "method": m.name, "k": m.k, "options": m.options})
                     cid = f"{m.label}.{w}.{_BATCHING_SHORT[batching]}.b{b}.{h}"

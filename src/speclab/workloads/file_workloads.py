@@ -4,6 +4,7 @@ the bench prints about what a request log asked for that it does differently. Pa
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -150,3 +151,18 @@ def workload_tables(v: dict[str, Any], src: str) -> tuple[list[str], dict[str, d
             files[name] = {"path": path, "format": fmt, "category": cat, "skip_invalid": skip}
         names.append(name)
     return names, files
+
+
+def file_fingerprint(workload: str, files: dict[str, dict[str, Any]]) -> str | None:
+    """A digest of a file workload's bytes (None for any other workload). Cell ids include it, so that a rerun
+    into the same run directory after the file changed runs the new prompts instead of reusing old cells."""
+    if workload in files:
+        path = Path(files[workload]["path"])
+    elif workload.startswith(FILE_PREFIX):
+        path = Path(workload[len(FILE_PREFIX) :].strip()).expanduser()
+    else:
+        return None
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError as exc:
+        raise ConfigError(f"workload {workload}: cannot read {path} ({exc.strerror})") from None
