@@ -7,6 +7,8 @@ One row per request. Per-method data is a list of structs, so records may carry 
   id, workload, category: string; prompt_len, output_len: int32;
   prompt_token_ids, output_token_ids: list<int32> (nullable);
   methods: list<struct<name: string, k_max: int32, acc_len: list<int16>, num_proposed: list<int16> (nullable)>>;
+    (each method's acc_len has its own length; the struct's output_token_ids: list<int32> (nullable), a
+    method's own output where recorded, is absent in stores written before it existed and reads as null)
   meta: string (JSON, nullable).
 """
 
@@ -31,6 +33,7 @@ SCHEMA_VERSION = "1"
 METHOD_TYPE = pa.struct(
     [
         ("name", pa.string()),
+        ("output_token_ids", pa.list_(pa.int32())),
         ("k_max", pa.int32()),
         ("acc_len", pa.list_(pa.int16())),
         ("num_proposed", pa.list_(pa.int16())),
@@ -69,6 +72,7 @@ def records_to_table(records: Iterable[RequestTrace], validate: bool = True) -> 
             [
                 {
                     "name": name,
+                    "output_token_ids": m.output_token_ids,
                     "k_max": int(m.k_max),
                     "acc_len": m.acc_len.astype(np.int16),
                     "num_proposed": None if m.num_proposed is None else m.num_proposed.astype(np.int16),
@@ -91,6 +95,7 @@ def table_to_records(table: pa.Table, source: str, validate: bool = True) -> lis
         methods = {}
         for m in row["methods"] or []:
             methods[m["name"]] = MethodTrace(
+                output_token_ids=m.get("output_token_ids"),
                 k_max=int(m["k_max"]),
                 acc_len=np.asarray(m["acc_len"], dtype=np.int32),
                 num_proposed=None if m["num_proposed"] is None else np.asarray(m["num_proposed"], np.int32),
