@@ -59,7 +59,11 @@ def test_study_aggregate_uses_sample_and_notes_small_sets():
 def test_study_aggregate_is_ratio_of_mean_throughputs():
     tr = mk(3)
     res = simulate(tr, "llama3.1-8b-h100", ["none", "oracle:ngram"], "replicate", [4], aggregate="study")
-    per = [simulate([t], "llama3.1-8b-h100", ["none", "oracle:ngram"], "replicate", [4]) for t in tr]
+    # the same step rules (the study's, automatic under aggregate="study" with replicate), one request each
+    per = [
+        simulate([t], "llama3.1-8b-h100", ["none", "oracle:ngram"], "replicate", [4], rules="study")
+        for t in tr
+    ]
     base = np.mean([p[0].throughput_tok_s for p in per])
     sd = np.mean([p[1].throughput_tok_s for p in per])
     assert res[1].speedup == pytest.approx(sd / base)

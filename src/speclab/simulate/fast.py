@@ -54,31 +54,54 @@ class TraceArrays:
         return int(self.off[-1])
 
 
-def prepare(traces: list[RequestTrace], methods: set[str]) -> TraceArrays:
-    notes: list[str] = []
-    kept = [t for t in traces if t.output_len > 0]
-    if len(kept) < len(traces):
-        notes.append(f"skipped {len(traces) - len(kept)} request(s) with no output tokens")
-    if not kept:
-        raise TraceError("no requests with output tokens to simulate")
-    out_len = np.array([t.output_len for t in kept], dtype=np.int64)
-    off = np.zeros(len(kept) + 1, dtype=np.int64)
-    np.cumsum(out_len, out=off[1:])
-    acc: dict[str, np.ndarray] = {}
-    nprop: dict[str, np.ndarray | None] = {}
-    k_max: dict[str, int] = {}
+def method_lengths(traces: list[RequestTrace], methods: set[str] | tuple[str, ...]) -> np.ndarray:
+    """Per request, the output length a simulation over `methods` uses: each method's trace has its own
+    length (its own run); several methods = the shortest (their traces exist together only over that prefix);
+    no method (the baseline alone) = the record's output_len."""
     for m in sorted(methods):
-        missing = [t.id for t in kept if m not in t.methods]
+        missing = [t.id for t in traces if m not in t.methods]
         if missing:
             raise TraceError(
                 f"request {missing[0]!r} (and {len(missing) - 1} more) has no trace for method {m!r}"
                 if len(missing) > 1
                 else f"request {missing[0]!r} has no trace for method {m!r}"
             )
-        acc[m] = np.concatenate([t.methods[m].acc_len for t in kept]).astype(np.int64)
+    if not methods:
+        return np.array([t.output_len for t in traces], dtype=np.int64)
+    return np.array([min(len(t.methods[m].acc_len) for m in methods) for t in traces], dtype=np.int64)
+
+
+def prepare(traces: list[RequestTrace], methods: set[str], shift: bool = False) -> TraceArrays:
+    """Flatten traces for `methods`, each request at its method_lengths() length (requests of length 0 are
+    dropped). shift: the study's reading, where the first step after prefill reads acc_len[0] (produced - 1)
+    instead of acc_len[1]: the arrays move one position later, so position p holds acc_len[p - 1]."""
+    notes: list[str] = []
+    lengths = method_lengths(traces, methods)
+    keep = np.flatnonzero(lengths > 0)
+    kept = [traces[i] for i in keep]
+    if len(kept) < len(traces):
+        notes.append(f"skipped {len(traces) - len(kept)} request(s) with no output tokens")
+    if not kept:
+        raise TraceError("no requests with output tokens to simulate")
+    out_len = lengths[keep]
+    off = np.zeros(len(kept) + 1, dtype=np.int64)
+    np.cumsum(out_len, out=off[1:])
+
+    def flat(arrs: list[np.ndarray], fill: int) -> np.ndarray:
+        if shift:
+            arrs = [np.concatenate([[fill], a[: n - 1]]) for a, n in zip(arrs, out_len.tolist(), strict=True)]
+        else:
+            arrs = [a[:n] for a, n in zip(arrs, out_len.tolist(), strict=True)]
+        return np.concatenate(arrs).astype(np.int64)
+
+    acc: dict[str, np.ndarray] = {}
+    nprop: dict[str, np.ndarray | None] = {}
+    k_max: dict[str, int] = {}
+    for m in sorted(methods):
+        acc[m] = flat([t.methods[m].acc_len for t in kept], 1)
         k_max[m] = min(int(t.methods[m].k_max) for t in kept)
         if all(t.methods[m].num_proposed is not None for t in kept):
-            nprop[m] = np.concatenate([t.methods[m].num_proposed for t in kept]).astype(np.int64)
+            nprop[m] = flat([t.methods[m].num_proposed for t in kept], 0)
         else:
             nprop[m] = None
             if any(t.methods[m].num_proposed is not None for t in kept):
@@ -243,6 +266,21 @@ def miss_draws(ta: TraceArrays, match_p: np.ndarray, batching: str, batch_size: 
     return (rng.random(len(p)) < p).astype(np.int64)
 
 
+def study_miss_draws(
+    st: StepTable, ta: TraceArrays, match_p: np.ndarray, batch_size: int, gen: np.random.RandomState
+) -> np.ndarray:
+    """The study's own miss draws, value for value (replicate batching): `random.random()` once per copy at
+    every step where the heuristic applies (acc 1), request after request in batch order, step by step,
+    copies in order; a copy finds a match where the draw is < match_p. `gen` continues the study's generator
+    after its sampling (study.miss_generator). Returns matched copies per (request, output position)."""
+    order = np.lexsort((st.t, st.req))
+    rows = order[st.cand[order]]
+    u = gen.random_sample(len(rows) * batch_size).reshape(len(rows), batch_size)
+    out = np.zeros(ta.total_positions, dtype=np.int64)
+    out[ta.off[st.req[rows]] + st.pos[rows]] = (u < match_p[st.req[rows], None]).sum(axis=1)
+    return out
+
+
 @dataclass
 class Schedule:
     start: np.ndarray  # per request: global step of its prefill
@@ -304,10 +342,14 @@ def step_costs(
     draws: np.ndarray | None,
     switch_overhead: float,
     draft_kv: str = "batch",
+    study: bool = False,
 ) -> Timing:
     """Time every global step and every request. draft_kv: the kv_tokens a "linear" drafting term sees --
-    "batch" (the batch's kv, as the target forward; default) or "request" (the drafting request's own)."""
+    "batch" (the batch's kv, as the target forward; default) or "request" (the drafting request's own).
+    study: the study's rules (replicate batching only; see study_draft): a request holds one more KV token
+    (prompt + produced), and drafting is charged per request copy, averaged over the copies."""
     c = batch_size if batching == "replicate" else 1
+    extra = 1 if study else 0
     sch = schedule(st.n_steps, batching, batch_size)
     G = sch.num_steps
     keys = sch.start[st.req] + 1 + st.t
@@ -319,13 +361,15 @@ def step_costs(
     vtok = (c - mc) + mc * (st.k + 1)
     spec_max = np.where(mc > 0, st.k, 0)
     spec_sum = st.k * mc
-    kv = np.bincount(keys, weights=c * (ta.prompt_len[st.req] + st.pos - 1), minlength=G)
+    kv = np.bincount(keys, weights=c * (ta.prompt_len[st.req] + st.pos - 1 + extra), minlength=G)
     vt = np.bincount(keys, weights=vtok, minlength=G) + np.bincount(
         sch.start, weights=c * ta.prompt_len, minlength=G
     )
     verify = cm.target_time(kv, vt)
     draft = np.zeros(G)
-    if policy.methods:
+    if study and policy.methods:
+        draft = np.bincount(keys, weights=study_draft(st, policy, ta, cm, c, mc, verify[keys]), minlength=G)
+    elif policy.methods:
         charge = np.array([policy.charge_as or m for m in policy.methods])
         for name in sorted(set(charge.tolist())):
             cost = cm.draft_for(name)
@@ -369,3 +413,34 @@ def step_costs(
         request_steps=int(c * len(st.req)),
         rejected=int(vtok.sum() - c * st.produced.sum()),
     )
+
+
+def study_draft(
+    st: StepTable, policy: Policy, ta: TraceArrays, cm: CostModel, c: int, mc: np.ndarray, verify: np.ndarray
+) -> np.ndarray:
+    """The study's drafting charge per request step (replicate: one request's c copies per step), as the mean
+    over the copies of each copy's own drafting time (its latency carries its own, not the batch's maximum):
+    n-gram = fraction * verify for a copy that drafts (0 where L = 1), combine charged as n-gram at every
+    step; EAGLE (linear) = kv * kv + num_spec * L + const with L = k + 1 (the bonus included), charged at
+    every step, with kv the running count of the study's per-request loop: copy j sees what copies 0..j-1
+    produced (or freed, when they finished) in this step, a mean of delta * (c - 1) / 2."""
+    charge = [policy.charge_as or m for m in policy.methods]
+    out = np.zeros(len(st.req))
+    kv_req = ta.prompt_len[st.req] + st.pos  # one request's KV before the step (prompt + produced)
+    for j, name in enumerate(charge):
+        cost = cm.draft_for(name)
+        sel = st.meth == j
+        if cost.form == "verify_fraction":
+            share = 1.0 if policy.charge_as else np.where(st.k[sel] > 0, mc[sel], 0) / c
+            out[sel] = cost.fraction * verify[sel] * share
+        elif cost.form == "linear":
+            prod = np.minimum(st.acc[sel], st.k[sel] + 1)
+            done = st.pos[sel] + prod >= ta.out_len[st.req[sel]]
+            delta = np.where(done, -kv_req[sel], prod)
+            kv = c * kv_req[sel] + delta * (c - 1) / 2
+            out[sel] = cost.kv * kv + cost.num_spec * (st.k[sel] + 1) + cost.const
+        else:  # chained: the study has no such form; its per-step charge for the copies
+            out[sel] = (
+                st.k[sel] * (cost.kv * c * kv_req[sel] + cost.const) + cost.num_spec * st.k[sel] * mc[sel]
+            )
+    return out

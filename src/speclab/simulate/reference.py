@@ -34,7 +34,14 @@ def reference_timing(
     switch_overhead: float,
     heuristic: bool,
     draft_kv: str = "batch",
+    study: bool = False,
+    gen: np.random.RandomState | None = None,
+    match_p: np.ndarray | None = None,
 ) -> Timing:
+    """study: the study's step rules (replicate only): one more KV token per request, drafting charged per
+    copy and averaged (the study's per-request latency), n-gram misses drawn from `gen` one copy at a time
+    where the heuristic applies (with match_p per request) instead of from `draws`."""
+    extra = 1 if study else 0
     policy.begin(PolicyContext(num_requests=ta.n, batch_size=batch_size, k_max=dict(ta.k_max)))
     copies = batch_size if batching == "replicate" else 1
     latency = np.zeros(ta.n)
@@ -83,13 +90,17 @@ def reference_timing(
             switched = False
             per_method: dict[str, list[tuple[int, int, int]]] = {}  # method -> [(spec, spec*copies, own kv)]
             prod_raw_l = []
+            matched_l: list[int] = []
             for j, r in enumerate(running):
                 m, kk, a = int(meth[j]), int(k[j]), int(a_arr[j])
-                kv += copies * (prompt[r.i] + r.pos - 1)
+                kv += copies * (prompt[r.i] + r.pos - 1 + extra)
                 matched = copies
-                if cand[j] and draws is not None:
+                if cand[j] and gen is not None and match_p is not None:
+                    matched = int((gen.random_sample(copies) < match_p[r.i]).sum())  # copies in order
+                elif cand[j] and draws is not None:
                     matched = int(draws[off[r.i] + r.pos])  # copies whose n-gram lookup found a match
                 vtok += (copies - matched) + matched * (kk + 1)
+                matched_l.append(matched)
                 if m >= 0:
                     name = policy.charge_as or policy.methods[m]
                     per_method.setdefault(name, []).append(
@@ -107,6 +118,13 @@ def reference_timing(
                 vtok += copies * prompt[r.i]
             verify = cm.target_time(kv, vtok)
             draft = 0.0
+            if study:
+                draft = sum(
+                    _study_copy_drafts(policy, cm, int(meth[j]), int(k[j]), int(a_arr[j]), matched_l[j], copies,
+                                       prompt[r.i] + r.pos, out_len[r.i] - r.pos, verify)
+                    for j, r in enumerate(running)
+                )  # fmt: skip
+                per_method = {}
             for name in sorted(per_method):
                 cost = cm.draft_for(name)
                 items = per_method[name]
@@ -176,3 +194,30 @@ def reference_timing(
         request_steps=tot["rsteps"],
         rejected=tot["rej"],
     )
+
+
+def _study_copy_drafts(
+    policy: Policy, cm: CostModel, m: int, k: int, a: int, matched: int, copies: int, kv_req: int, left: int,
+    verify: float,
+) -> float:  # fmt: skip
+    """The study's drafting charge for one request's copies, copy by copy as its per-request loop does, then
+    the mean over copies (each copy's latency carries its own drafting). kv_req: one copy's KV before the
+    step; left: tokens it still has to produce. Copies 0..matched-1 are the ones whose lookup matched (only
+    their count matters)."""
+    if m < 0:
+        return 0.0
+    cost = cm.draft_for(policy.charge_as or policy.methods[m])
+    total = 0.0
+    running_kv = copies * kv_req
+    prod = min(a, k + 1)
+    for j in range(copies):
+        if cost.form == "verify_fraction":
+            drafts = policy.charge_as is not None or (k > 0 and j < matched)
+            total += cost.fraction * verify if drafts else 0.0
+        elif cost.form == "linear":
+            total += cost.kv * running_kv + cost.num_spec * (k + 1) + cost.const
+        else:
+            total += k * (cost.kv * copies * kv_req + cost.const) + cost.num_spec * k * matched
+        # this copy's update of the loop's running KV count: produce, or free everything when it finishes
+        running_kv += -kv_req if prod >= left else prod
+    return total / copies
