@@ -34,6 +34,15 @@ class SimResult:
     output_tokens: int = 0
     total_time_s: float = 0.0
     num_requests: int = 0
+    # continuous batching: throughput_tok_s / speedup are the steady state (all B slots busy) unless
+    # continuous_measure="makespan"; these are the single pass's makespan figures beside them (other
+    # batching modes: the same as throughput_tok_s / speedup), and the share of that makespan with fewer
+    # than B requests running (the tail; None for other modes)
+    makespan_throughput_tok_s: float = 0.0
+    makespan_speedup: float = 0.0
+    tail_share: float | None = None
+    steady_throughput_tok_s: float | None = None  # continuous batching only
+    steady_speedup: float | None = None
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,7 +77,10 @@ _OPTS = {
     "linear_draft_kv",
     "rules",
     "lengths",
+    "continuous_measure",
 }
+MEASURES = ("steady", "makespan")
+TAIL_WARN = 0.2  # warn when the tail is more than this share of the makespan
 
 
 def check_args(
@@ -97,6 +109,8 @@ def check_args(
         rules = "study" if aggregate == "study" and batching == "replicate" else "speclab"
     if rules == "study" and batching != "replicate":
         raise ConfigError("the study's step rules are defined for replicate batching only")
+    if (opts.get("continuous_measure") or "steady") not in MEASURES:
+        raise ConfigError(f"continuous_measure {opts['continuous_measure']!r}: use {', '.join(MEASURES)}")
     if (opts.get("lengths") or "own") not in LENGTHS:
         raise ConfigError(f"lengths {opts['lengths']!r}: use {', '.join(LENGTHS)}")
     combine = opts.get("combine_draft") or "auto"
@@ -198,6 +212,16 @@ def simulate(
         for r in _run_group(ta, gpols, cm, batching, batch_sizes, aggregate, seed, opts, study, state, notes):
             rows[(r.batch_size, r.policy)] = r
     out = [rows[(int(b), p.spec)] for b in batch_sizes for p in pols]
+    for b in dict.fromkeys(int(x) for x in batch_sizes):
+        tails = [(r.tail_share, r.policy) for r in out if r.batch_size == b and r.tail_share is not None]
+        share, pol = max(tails, default=(0.0, ""))
+        if share > TAIL_WARN:
+            notes.append(
+                f"continuous batching, B={b}: fewer than {b} requests run for up to {share:.0%} of the single "
+                f"pass's makespan ({pol}); that tail, not a server's steady state, drives the makespan_* "
+                f"figures. throughput/speedup: the steady state (all {b} slots busy, the requests re-admitted "
+                "in turn)"
+            )
     for r in out:
         r.notes = list(notes)
     return out
@@ -260,43 +284,75 @@ def _run_group(
         if use_ref:
             from speclab.simulate.reference import reference_timing
 
-            def timing(p: Policy, b: int = b, shared: np.ndarray | None = shared) -> fast.Timing:
+            def timing(
+                p: Policy, b: int = b, shared: np.ndarray | None = shared, passes: int = 1
+            ) -> fast.Timing:
                 gen = miss_generator(state or _fresh(seed)) if on and study else None
-                return reference_timing(ta, p, cm, batching, b, shared, switch, on, dkv, study, gen, match_p)
+                return reference_timing(
+                    ta, p, cm, batching, b, shared, switch, on, dkv, study, gen, match_p, passes
+                )
         else:
 
-            def timing(p: Policy, b: int = b) -> fast.Timing:
-                if p.spec not in tables or p.uses_batch_size:
+            def timing(p: Policy, b: int = b, passes: int = 1) -> fast.Timing:
+                if passes == 1 and (p.spec not in tables or p.uses_batch_size):
                     tables[p.spec] = (
                         fast.baseline_steps(ta) if p.spec == "none" else fast.run_steps(ta, p, b, on)
                     )
                 d = draws_for(p) if p.spec != "none" else None
-                return fast.step_costs(tables[p.spec], p, ta, cm, batching, b, d, switch, dkv, study)
+                tx, sx = fast.repeat_requests(ta, tables[p.spec], passes)
+                d = None if d is None else np.tile(d, passes)
+                return fast.step_costs(sx, p, tx, cm, batching, b, d, switch, dkv, study)
 
+        cont = batching == "continuous"
+        passes, capped = fast.steady_passes(ta.out_len, b) if cont else (1, False)
+        cap_note = (
+            f"continuous batching, B={b}: the steady-state run was capped at {passes} pass(es) over the "
+            "requests; the longest requests are under-represented in it (their life is long compared "
+            "with the measured window)"
+        )
+        if capped and cap_note not in notes:
+            notes.append(cap_note)
         base_tm = timing(baseline)
         base_thr = _aggregate(base_tm, aggregate)
+        base_steady = _steady(timing(baseline, passes=passes)) if cont else base_thr
         for p in pols:
             tm = base_tm if p.spec == "none" else timing(p)
             thr = _aggregate(tm, aggregate)
+            steady = (base_steady if p.spec == "none" else _steady(timing(p, passes=passes))) if cont else thr
+            tail = (1.0 - tm.full_s / tm.total_s if tm.total_s > 0 else 0.0) if cont else None
+            head, head_base = (
+                (steady, base_steady) if opts.get("continuous_measure") != "makespan" else (thr, base_thr)
+            )
             results.append(
                 SimResult(
                     batch_size=b,
                     policy=p.spec,
-                    throughput_tok_s=thr,
-                    speedup=thr / base_thr if base_thr > 0 else float("nan"),
+                    throughput_tok_s=head,
+                    speedup=head / head_base if head_base > 0 else float("nan"),
+                    makespan_throughput_tok_s=thr,
+                    makespan_speedup=thr / base_thr if base_thr > 0 else float("nan"),
+                    tail_share=tail,
+                    steady_throughput_tok_s=steady if cont else None,
+                    steady_speedup=(steady / base_steady if base_steady > 0 else float("nan"))
+                    if cont
+                    else None,
                     time_split_s={"verify": tm.verify_s, "propose": tm.propose_s, "overhead": tm.overhead_s},
                     mean_accepted_len=(tm.produced / tm.request_steps) if tm.request_steps else None,
                     tokens_rejected=tm.rejected,
                     steps=tm.steps,
                     batching=batching,
                     aggregate=aggregate,
-                    baseline_throughput_tok_s=base_thr,
+                    baseline_throughput_tok_s=head_base,
                     output_tokens=int(tm.tokens.sum()),
                     total_time_s=tm.total_s,
                     num_requests=ta.n,
                 )
             )
     return results
+
+
+def _steady(tm: fast.Timing) -> float:
+    return tm.full_tokens / tm.full_s if tm.full_s > 0 else float("nan")
 
 
 def _fresh(seed: int) -> Any:

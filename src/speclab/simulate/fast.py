@@ -18,7 +18,7 @@ Memory is O(total trace positions): the step table has at most one row per outpu
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -28,6 +28,11 @@ from speclab.simulate.policies import Policy, PolicyContext, StepOutcome, StepVi
 from speclab.traces.model import RequestTrace
 
 BATCHING_MODES = ("replicate", "static", "continuous")
+# continuous batching's steady state: requests each slot serves on average in the measured run (see
+# steady_passes and docs/simulator.md)
+STEADY_REQUESTS_PER_SLOT = 4
+STEADY_LONGEST = 8
+STEADY_MAX_POSITIONS = 2_000_000
 
 
 @dataclass
@@ -330,6 +335,9 @@ class Timing:
     produced: int  # tokens produced by SD steps (all copies)
     request_steps: int  # SD steps summed over requests (all copies)
     rejected: int
+    # continuous batching: simulated time and tokens produced in the steps where every slot is busy
+    full_s: float = 0.0
+    full_tokens: int = 0
 
 
 def step_costs(
@@ -400,6 +408,15 @@ def step_costs(
     cum = np.cumsum(step_t)
     end = sch.start + st.n_steps
     latency = cum[end] - cum[sch.start] + step_t[sch.start]
+    full_s, full_tokens = 0.0, 0
+    if batching == "continuous":
+        # a request holds its slot from its prefill step through its last step
+        d = np.zeros(G + 1, dtype=np.int64)
+        np.add.at(d, sch.start, 1)
+        np.add.at(d, end + 1, -1)
+        full = np.cumsum(d)[:G] >= min(batch_size, ta.n)
+        tok = np.bincount(keys, weights=c * st.produced, minlength=G) + np.bincount(sch.start, minlength=G)
+        full_s, full_tokens = float(step_t[full].sum()), int(round(tok[full].sum()))
     return Timing(
         latency=latency,
         batch=sch.batch,
@@ -412,7 +429,46 @@ def step_costs(
         produced=int(c * st.produced.sum()),
         request_steps=int(c * len(st.req)),
         rejected=int(vtok.sum() - c * st.produced.sum()),
+        full_s=full_s,
+        full_tokens=full_tokens,
     )
+
+
+def steady_passes(out_len: np.ndarray, batch_size: int) -> tuple[int, bool]:
+    """How many times a continuous run admits the request list over to measure its steady state: enough that
+    every slot serves STEADY_REQUESTS_PER_SLOT requests on average, and that the measured window lasts
+    STEADY_LONGEST times as long as the longest request (a long request occupies a slot for its whole life:
+    in a server's steady state long requests hold slots in proportion to their tokens, and a window shorter
+    than their life under-counts them). Capped at STEADY_MAX_POSITIONS simulated positions; returns
+    (passes, capped)."""
+    n, total, longest = len(out_len), int(out_len.sum()), int(out_len.max())
+    need = max(STEADY_REQUESTS_PER_SLOT * batch_size / n, STEADY_LONGEST * batch_size * longest / total, 1.0)
+    cap = max(1, STEADY_MAX_POSITIONS // max(total, 1))
+    passes = int(np.ceil(need))
+    return min(passes, cap), passes > cap
+
+
+def repeat_requests(ta: TraceArrays, st: StepTable, passes: int) -> tuple[TraceArrays, StepTable]:
+    """The request list admitted `passes` times over (instance q is request q mod n): a request's steps do
+    not depend on its batch mates, so each instance repeats its request's step rows."""
+    if passes == 1:
+        return ta, st
+    n = ta.n
+    out_len = np.tile(ta.out_len, passes)
+    off = np.zeros(len(out_len) + 1, dtype=np.int64)
+    np.cumsum(out_len, out=off[1:])
+    tx = replace(ta, ids=ta.ids * passes, workloads=ta.workloads * passes,
+                 prompt_len=np.tile(ta.prompt_len, passes), out_len=out_len, off=off)  # fmt: skip
+    rep = np.repeat(np.arange(passes), len(st.req)) * n
+    sx = StepTable(
+        req=np.tile(st.req, passes) + rep,
+        **{
+            f: np.tile(getattr(st, f), passes)
+            for f in ("t", "pos", "meth", "k", "acc", "produced", "switched", "cand")
+        },
+        n_steps=np.tile(st.n_steps, passes),
+    )
+    return tx, sx
 
 
 def study_draft(
