@@ -146,3 +146,20 @@ def test_traces_info_shows_per_method_lengths(tmp_path, capsys):
     code, out, _ = run(["traces", "info", str(tmp_path / "s")], capsys)
     assert "length mean 5.5, min 4, max 7; 1 of 2 with their own length (mean |difference| 1.5)" in out
     assert "length mean 4.0, min 4, max 4; all as the records' output" in out
+
+
+def test_simulate_continuous_shows_both_measures(store, tmp_path, capsys):
+    base = ["simulate", "--traces", str(store), "--policy", "oracle:ngram", "--batch-sizes", "1,4"]
+    code, out, err = run(base + ["--csv", str(tmp_path / "c.csv")], capsys)
+    assert code == 0, err
+    head = out.splitlines()[0].split()
+    assert head[-2:] == ["makespan", "tail%"]
+    with open(tmp_path / "c.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {"makespan_speedup", "tail_share", "steady_speedup"} <= set(rows[0])
+    assert float(rows[1]["speedup"]) == pytest.approx(float(rows[1]["steady_speedup"]))
+    code, out, _ = run(base + ["--continuous-measure", "makespan", "--json"], capsys)
+    r = json.loads(out)[1]
+    assert r["speedup"] == r["makespan_speedup"] and r["tail_share"] > 0  # 6 requests in 4 slots: a tail
+    code, out, _ = run(base + ["--continuous-measure", "makespan"], capsys)
+    assert out.splitlines()[0].split()[-2:] == ["steady", "tail%"]
