@@ -7,8 +7,6 @@ One row per request. Per-method data is a list of structs, so records may carry 
   id, workload, category: string; prompt_len, output_len: int32;
   prompt_token_ids, output_token_ids: list<int32> (nullable);
   methods: list<struct<name: string, k_max: int32, acc_len: list<int16>, num_proposed: list<int16> (nullable)>>;
-    (each method's acc_len has its own length; the struct's output_token_ids: list<int32> (nullable), a
-    method's own output where recorded, is absent in stores written before it existed and reads as null)
   meta: string (JSON, nullable).
 """
 
@@ -33,6 +31,8 @@ SCHEMA_VERSION = "1"
 METHOD_TYPE = pa.struct(
     [
         ("name", pa.string()),
+        # a method's own output where recorded (each method's arrays have their own length); absent in
+        # stores written before it existed, read as null
         ("output_token_ids", pa.list_(pa.int32())),
         ("k_max", pa.int32()),
         ("acc_len", pa.list_(pa.int16())),
