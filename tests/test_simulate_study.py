@@ -125,3 +125,14 @@ def test_step_table_is_linear_in_positions():
         assert len(st.req) <= ta.total_positions - ta.n  # at most one row per position after prefill
     sch = fast.schedule(st.n_steps, "continuous", 8)
     assert sch.num_steps <= len(st.req) + ta.n
+
+
+def test_miss_generator_continues_the_module_generator_after_sampling():
+    from speclab.simulate.study import miss_generator, study_sample_state
+
+    items = list(range(500))
+    got, _, state = study_sample_state(items, 42, 300)
+    random.seed(42)
+    assert got == random.sample(items, 300)
+    expect = [random.random() for _ in range(1000)]
+    assert miss_generator(state).random_sample(1000).tolist() == expect  # bit for bit
