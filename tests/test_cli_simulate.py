@@ -55,6 +55,8 @@ def test_traces_commands(store, tmp_path, capsys):
     assert "instructcoder (code-editing): 6 requests" in out and "proposal counts unknown" in out
     code, out, _ = run(["traces", "info", str(store), "--json"], capsys)
     assert json.loads(out)["workloads"]["instructcoder"]["methods"]["eagle"]["k_max"] == [20]
+    eagle = json.loads(out)["workloads"]["instructcoder"]["methods"]["eagle"]
+    assert (eagle["min_output_len"], eagle["max_output_len"], eagle["own_length_requests"]) == (10, 15, 0)
     code, out, _ = run(["traces", "export", str(store), "--out", str(tmp_path / "x.jsonl")], capsys)
     assert code == 0 and len((tmp_path / "x.jsonl").read_text().splitlines()) == 6
     # re-import of speclab's own format, and refusal to overwrite
@@ -127,3 +129,37 @@ def test_simulate_list_policies_and_errors(store, capsys):
     assert code == 2 and "k_max=20" in err and err.count("\n") == 1
     code, _, err = run(["simulate", "--traces", str(store), "--policy", "bogus"], capsys)
     assert code == 2 and "unknown policy" in err
+
+
+def test_traces_info_shows_per_method_lengths(tmp_path, capsys):
+    f = tmp_path / "gsm8k.jsonl"
+    rows = [
+        {"id": "a", "prompt_token_ids": [1], "generated_token_ids": [1, 2, 3, 4],
+         "acc_ngram": {"acc_len": [1, 2, 1, 1]}, "acc_eagle": {"acc_len": [2, 2, 1, 1, 1, 1, 1]}},
+        {"id": "b", "prompt_token_ids": [1], "generated_token_ids": [1, 2, 3, 4],
+         "acc_ngram": {"acc_len": [1, 2, 1, 1]}, "acc_eagle": {"acc_len": [2, 1, 1, 1]}},
+    ]  # fmt: skip
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, _, err = run(["traces", "import", "--format", "specdecode-bench", str(f), "--out", str(tmp_path / "s")],
+                       capsys)  # fmt: skip
+    assert code == 0 and "acc_eagle: 1 record(s) with their own length" in err
+    code, out, _ = run(["traces", "info", str(tmp_path / "s")], capsys)
+    assert "length mean 5.5, min 4, max 7; 1 of 2 with their own length (mean |difference| 1.5)" in out
+    assert "length mean 4.0, min 4, max 4; all as the records' output" in out
+
+
+def test_simulate_continuous_shows_both_measures(store, tmp_path, capsys):
+    base = ["simulate", "--traces", str(store), "--policy", "oracle:ngram", "--batch-sizes", "1,4"]
+    code, out, err = run(base + ["--csv", str(tmp_path / "c.csv")], capsys)
+    assert code == 0, err
+    head = out.splitlines()[0].split()
+    assert head[-2:] == ["makespan", "tail%"]
+    with open(tmp_path / "c.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {"makespan_speedup", "tail_share", "steady_speedup"} <= set(rows[0])
+    assert float(rows[1]["speedup"]) == pytest.approx(float(rows[1]["steady_speedup"]))
+    code, out, _ = run(base + ["--continuous-measure", "makespan", "--json"], capsys)
+    r = json.loads(out)[1]
+    assert r["speedup"] == r["makespan_speedup"] and r["tail_share"] > 0  # 6 requests in 4 slots: a tail
+    code, out, _ = run(base + ["--continuous-measure", "makespan"], capsys)
+    assert out.splitlines()[0].split()[-2:] == ["steady", "tail%"]

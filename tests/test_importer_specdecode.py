@@ -87,3 +87,16 @@ def test_roundtrip_through_store(tmp_path):
     assert [r.to_json_dict() for r in back] == [r.to_json_dict() for r in recs]
     assert back[0].category == "math"
     assert np.all(back[2].methods["eagle"].acc_len == 2)
+
+
+def test_each_method_keeps_its_own_length(tmp_path):
+    # acc_eagle comes from the EAGLE run: its own length (here 6 vs 4 generated tokens) is kept as is
+    f = tmp_path / "instructcoder.jsonl"
+    f.write_text(line("a", gen=4, eagle=[2, 1, 3, 1, 1, 2]) + "\n" + line("b", gen=4, eagle=[1, 1]) + "\n")
+    recs, notes = import_specdecode_bench([f])
+    assert [r.methods["eagle"].acc_len.tolist() for r in recs] == [[2, 1, 3, 1, 1, 2], [1, 1]]
+    assert [r.methods["eagle"].output_len for r in recs] == [6, 2]
+    assert all(r.output_len == 4 and r.methods["ngram"].output_len == 4 for r in recs)
+    assert recs[0].methods["eagle"].output_token_ids is None  # the EAGLE run's tokens are not in the file
+    assert "lenient_length_fixes" not in recs[0].meta
+    assert any("acc_eagle: 2 record(s) with their own length" in n for n in notes)

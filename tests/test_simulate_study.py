@@ -59,7 +59,11 @@ def test_study_aggregate_uses_sample_and_notes_small_sets():
 def test_study_aggregate_is_ratio_of_mean_throughputs():
     tr = mk(3)
     res = simulate(tr, "llama3.1-8b-h100", ["none", "oracle:ngram"], "replicate", [4], aggregate="study")
-    per = [simulate([t], "llama3.1-8b-h100", ["none", "oracle:ngram"], "replicate", [4]) for t in tr]
+    # the same step rules (the study's, automatic under aggregate="study" with replicate), one request each
+    per = [
+        simulate([t], "llama3.1-8b-h100", ["none", "oracle:ngram"], "replicate", [4], rules="study")
+        for t in tr
+    ]
     base = np.mean([p[0].throughput_tok_s for p in per])
     sd = np.mean([p[1].throughput_tok_s for p in per])
     assert res[1].speedup == pytest.approx(sd / base)
@@ -121,3 +125,14 @@ def test_step_table_is_linear_in_positions():
         assert len(st.req) <= ta.total_positions - ta.n  # at most one row per position after prefill
     sch = fast.schedule(st.n_steps, "continuous", 8)
     assert sch.num_steps <= len(st.req) + ta.n
+
+
+def test_miss_generator_continues_the_module_generator_after_sampling():
+    from speclab.simulate.study import miss_generator, study_sample_state
+
+    items = list(range(500))
+    got, _, state = study_sample_state(items, 42, 300)
+    random.seed(42)
+    assert got == random.sample(items, 300)
+    expect = [random.random() for _ in range(1000)]
+    assert miss_generator(state).random_sample(1000).tolist() == expect  # bit for bit

@@ -28,6 +28,11 @@ CSV_FIELDS = [
     "num_requests",
     "batching",
     "aggregate",
+    "makespan_speedup",
+    "makespan_throughput_tok_s",
+    "tail_share",
+    "steady_speedup",
+    "steady_throughput_tok_s",
 ]
 
 
@@ -86,6 +91,12 @@ def _plot(results: list, path: str, title: str) -> None:
     plt.close(fig)
 
 
+def _continuous_cols(r, measure: str) -> str:
+    other = r.makespan_speedup if measure == "steady" else r.steady_speedup
+    tail = "-" if r.tail_share is None else f"{100 * r.tail_share:.1f}%"
+    return f" {other:>8.2f}x {tail:>6}"
+
+
 @click.command(name="simulate")
 @click.option("--traces", "stores", multiple=True, type=click.Path(), help="Trace store (repeatable).")
 @click.option("--workload", "workloads", multiple=True, help="Only requests of this workload (repeatable).")
@@ -129,6 +140,29 @@ def _plot(results: list, path: str, title: str) -> None:
     show_default=True,
     help="kv_tokens in the study's linear drafting form: the batch's, or each request's own (then max).",
 )
+@click.option(
+    "--continuous-measure",
+    type=click.Choice(["steady", "makespan"]),
+    default="steady",
+    show_default=True,
+    help="continuous batching: headline figures from the steady state (all B slots busy, requests "
+    "re-admitted) or the single pass's makespan (the other is reported beside it).",
+)
+@click.option(
+    "--lengths",
+    type=click.Choice(["own", "common"]),
+    default="own",
+    show_default=True,
+    help="own: each policy over its methods' trace lengths (combine: the shorter), against a baseline over "
+    "the same; common: every policy over the shortest length of all methods used.",
+)
+@click.option(
+    "--rules",
+    type=click.Choice(["auto", "speclab", "study"]),
+    default="auto",
+    show_default=True,
+    help="Step rules: the study's (auto with --batching replicate --aggregate study) or speclab's.",
+)
 @click.option("--switch-overhead", type=float, default=None, help="Seconds per step with a method switch.")
 @click.option("--sample", type=click.IntRange(min=1), default=None, help="Sample N requests (study's rule).")
 @click.option("--seed", type=int, default=42, show_default=True)
@@ -150,6 +184,9 @@ def command(
     ngram_miss_heuristic: str | None,
     combine_draft: str,
     linear_draft_kv: str,
+    continuous_measure: str,
+    lengths: str,
+    rules: str,
     switch_overhead: float | None,
     sample: int | None,
     seed: int,
@@ -194,10 +231,13 @@ def command(
         combine_draft=combine_draft,
         switch_overhead=switch_overhead,
         linear_draft_kv=linear_draft_kv,
+        continuous_measure=continuous_measure,
+        lengths=lengths,
+        rules=rules,
         sample=sample,
         engine=engine,
     )
-    for n in results[0].notes if results else []:
+    for n in dict.fromkeys(n for r in results for n in r.notes):
         click.echo(f"note: {n}", err=True)
     if csv_path:
         from speclab.atomic import atomic_write_text
@@ -216,7 +256,10 @@ def command(
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in results], indent=2))
         return
+    cont = batching == "continuous"
     head = f"{'batch':>5}  {'policy':<30} {'speedup':>8} {'tok/s':>10} {'acc_len':>7} {'verify%':>7} {'propose%':>8} {'ovh%':>5} {'rejected':>10}"
+    if cont:  # the other measure beside the headline one, and the single pass's tail
+        head += f" {'makespan' if continuous_measure == 'steady' else 'steady':>9} {'tail%':>6}"
     click.echo(head)
     for r in results:
         tot = sum(r.time_split_s.values()) or 1.0
@@ -225,4 +268,5 @@ def command(
             f"{r.batch_size:>5}  {r.policy:<30} {r.speedup:>7.2f}x {r.throughput_tok_s:>10.1f} {acc:>7} "
             f"{100 * r.time_split_s['verify'] / tot:>6.1f}% {100 * r.time_split_s['propose'] / tot:>7.1f}% "
             f"{100 * r.time_split_s['overhead'] / tot:>4.1f}% {r.tokens_rejected:>10}"
+            + (_continuous_cols(r, continuous_measure) if cont else "")
         )

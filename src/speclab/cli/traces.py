@@ -110,7 +110,8 @@ def validate_cmd(store: str) -> None:
 @click.argument("store", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def info_cmd(store: str, as_json: bool) -> None:
-    """Summarise a store: requests and positions per workload, per method acceptance."""
+    """Summarise a store: requests and positions per workload; per method acceptance and output lengths
+    (a method's trace may have its own length, from its own run)."""
     from speclab.traces import read_store
 
     recs = read_store(store)
@@ -130,8 +131,17 @@ def info_cmd(store: str, as_json: bool) -> None:
             pos = int(sum(len(t.acc_len) for t in mts))
             tot = float(sum(int(t.acc_len.sum()) for t in mts))
             known = sum(t.num_proposed is not None for t in mts)
+            lens = [len(t.acc_len) for t in mts]
+            # each method's trace has its own length (its own run); how far it is from the record's output
+            own = [len(r.methods[m].acc_len) - r.output_len for r in rs if m in r.methods]
             w["methods"][m] = {
                 "requests": len(mts),
+                "output_positions": pos,
+                "mean_output_len": pos / len(mts),
+                "min_output_len": min(lens),
+                "max_output_len": max(lens),
+                "own_length_requests": sum(d != 0 for d in own),
+                "mean_abs_length_diff": sum(abs(d) for d in own) / len(own),
                 "k_max": sorted({int(t.k_max) for t in mts}),
                 "mean_acc_len_per_position": tot / pos if pos else None,
                 "proposal_counts": "recorded"
@@ -153,4 +163,14 @@ def info_cmd(store: str, as_json: bool) -> None:
             click.echo(
                 f"    {m:<12} k_max {','.join(map(str, d['k_max']))}  mean acc_len/position {acc}  "
                 f"proposal counts {d['proposal_counts']}"
+            )
+            own = (
+                f"{d['own_length_requests']} of {d['requests']} with their own length "
+                f"(mean |difference| {d['mean_abs_length_diff']:.1f})"
+                if d["own_length_requests"]
+                else "all as the records' output"
+            )
+            click.echo(
+                f"    {'':<12} length mean {d['mean_output_len']:.1f}, min {d['min_output_len']}, "
+                f"max {d['max_output_len']}; {own}"
             )

@@ -12,7 +12,7 @@ from speclab.costmodel import CostModel, get_cost_model
 from speclab.errors import ConfigError
 from speclab.simulate import fast
 from speclab.simulate.policies import Policy, make_policy
-from speclab.simulate.study import STUDY_NUM_REQUESTS, match_p_for, study_sample
+from speclab.simulate.study import STUDY_NUM_REQUESTS, match_p_for, miss_generator, study_sample_state
 from speclab.traces.model import RequestTrace
 
 AGGREGATES = ("total", "study")
@@ -34,6 +34,15 @@ class SimResult:
     output_tokens: int = 0
     total_time_s: float = 0.0
     num_requests: int = 0
+    # continuous batching: throughput_tok_s / speedup are the steady state (all B slots busy) unless
+    # continuous_measure="makespan"; these are the single pass's makespan figures beside them (other
+    # batching modes: the same as throughput_tok_s / speedup), and the share of that makespan with fewer
+    # than B requests running (the tail; None for other modes)
+    makespan_throughput_tok_s: float = 0.0
+    makespan_speedup: float = 0.0
+    tail_share: float | None = None
+    steady_throughput_tok_s: float | None = None  # continuous batching only
+    steady_speedup: float | None = None
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -57,23 +66,28 @@ def _aggregate(tm: fast.Timing, aggregate: str) -> float:
     return float(np.mean(tok[ok] / lat[ok]))
 
 
-def resolve_inputs(
-    traces: list[RequestTrace],
-    policies: list[str],
-    batching: str,
-    batch_sizes: list[int],
-    aggregate: str,
-    seed: int,
-    opts: dict[str, Any],
-) -> tuple[list[RequestTrace], list[Policy], dict[str, Any], list[str]]:
-    unknown = set(opts) - {
-        "ngram_miss_heuristic",
-        "combine_draft",
-        "switch_overhead",
-        "sample",
-        "engine",
-        "linear_draft_kv",
-    }
+RULES = ("auto", "speclab", "study")
+LENGTHS = ("own", "common")
+_OPTS = {
+    "ngram_miss_heuristic",
+    "combine_draft",
+    "switch_overhead",
+    "sample",
+    "engine",
+    "linear_draft_kv",
+    "rules",
+    "lengths",
+    "continuous_measure",
+}
+MEASURES = ("steady", "makespan")
+TAIL_WARN = 0.2  # warn when the tail is more than this share of the makespan
+
+
+def check_args(
+    policies: list[str], batching: str, batch_sizes: list[int], aggregate: str, opts: dict[str, Any]
+) -> tuple[list[Policy], str, list[str]]:
+    """Validate arguments; returns (policies, rules, notes)."""
+    unknown = set(opts) - _OPTS
     if unknown:
         raise ConfigError(f"unknown simulate option(s): {', '.join(sorted(unknown))}")
     if batching not in fast.BATCHING_MODES:
@@ -88,33 +102,65 @@ def resolve_inputs(
         raise ConfigError("no policy given")
     if opts.get("linear_draft_kv", "batch") not in ("batch", "request"):
         raise ConfigError(f"linear_draft_kv {opts['linear_draft_kv']!r}: use batch or request")
-    notes: list[str] = []
-    traces = list(traces)
-    if aggregate == "study":
-        wls = sorted({t.workload for t in traces})
-        if len(wls) > 1:
-            notes.append(
-                f"sampling across {len(wls)} workloads ({', '.join(wls)}); the study sampled each dataset "
-                "on its own (select one with --workload)"
-            )
-        n = int(opts.get("sample") or STUDY_NUM_REQUESTS)
-        traces, note = study_sample(traces, seed, n)
-    elif opts.get("sample"):
-        traces, note = study_sample(traces, seed, int(opts["sample"]))
-    else:
-        note = None
-    if note:
-        notes.append(note)
+    rules = opts.get("rules") or "auto"
+    if rules not in RULES:
+        raise ConfigError(f"rules {rules!r}: use {', '.join(RULES)}")
+    if rules == "auto":
+        rules = "study" if aggregate == "study" and batching == "replicate" else "speclab"
+    if rules == "study" and batching != "replicate":
+        raise ConfigError("the study's step rules are defined for replicate batching only")
+    if (opts.get("continuous_measure") or "steady") not in MEASURES:
+        raise ConfigError(f"continuous_measure {opts['continuous_measure']!r}: use {', '.join(MEASURES)}")
+    if (opts.get("lengths") or "own") not in LENGTHS:
+        raise ConfigError(f"lengths {opts['lengths']!r}: use {', '.join(LENGTHS)}")
     combine = opts.get("combine_draft") or "auto"
     if combine == "auto":
-        combine = "ngram" if aggregate == "study" else "chosen"
+        combine = "ngram" if aggregate == "study" or rules == "study" else "chosen"
     pols = [make_policy(p, combine_draft=combine) for p in policies]
     seen: set[str] = set()
     for p in pols:
         if p.spec in seen:
             raise ConfigError(f"policy {p.spec!r} given twice")
         seen.add(p.spec)
-    return traces, pols, {"combine_draft": combine}, notes
+    return pols, rules, []
+
+
+def _select(
+    traces: list[RequestTrace], methods: tuple[str, ...], aggregate: str, seed: int, opts: dict[str, Any]
+) -> tuple[list[RequestTrace], Any, list[str]]:
+    """The requests one group of policies runs on: drop those of length 0 under these methods, then sample
+    (the study's rule, anew for each run). Returns (requests, generator state after sampling, notes)."""
+    notes: list[str] = []
+    lengths = fast.method_lengths(traces, methods)
+    kept = [t for t, n in zip(traces, lengths.tolist(), strict=True) if n > 0]
+    if len(kept) < len(traces):
+        notes.append(f"skipped {len(traces) - len(kept)} request(s) with no output tokens")
+    n = int(opts.get("sample") or 0) or (STUDY_NUM_REQUESTS if aggregate == "study" else 0)
+    if aggregate == "study":
+        wls = sorted({t.workload for t in kept})
+        if len(wls) > 1:
+            notes.append(
+                f"sampling across {len(wls)} workloads ({', '.join(wls)}); the study sampled each dataset "
+                "on its own (select one with --workload)"
+            )
+    state = None
+    if n:
+        kept, note, state = study_sample_state(kept, seed, n)
+        if note:
+            notes.append(note)
+    return kept, state, notes
+
+
+def _length_notes(traces: list[RequestTrace], methods: set[str]) -> list[str]:
+    notes = []
+    for m in sorted(methods):
+        own = sum(1 for t in traces if m in t.methods and len(t.methods[m].acc_len) != t.output_len)
+        if own:
+            notes.append(
+                f"{m}: {own} of {len(traces)} request(s) have their own output length (that method's own run); "
+                "each policy runs over its methods' lengths (combine: the shorter), its baseline over the same"
+            )
+    return notes
 
 
 def simulate(
@@ -129,6 +175,12 @@ def simulate(
 ) -> list[SimResult]:
     """Simulate every policy at every batch size; rows ordered by batch size, then policy as given.
 
+    Lengths: a method's trace may have its own length (from its own run). Each policy runs over its methods'
+    lengths (several methods: per request the shortest, acceptance per position over that prefix), and its
+    speedup is against the baseline over the same requests and lengths; `none` runs over the records' own
+    output lengths. lengths="common" instead runs every policy (and one baseline) over the shortest length of
+    all the methods the call uses, so that all rows describe exactly the same work.
+
     opts: ngram_miss_heuristic (None | "auto" | study dataset name | probability): the study's guess of
           n-gram lookup misses where a trace has no proposal counts (off by default);
           combine_draft ("auto" | "chosen" | "ngram"): what oracle-combine's drafting is charged as
@@ -136,80 +188,174 @@ def simulate(
           switch_overhead (seconds; default the cost model's); sample (N requests, the study's sampling rule);
           linear_draft_kv ("batch" | "request"): the kv_tokens in a "linear" drafting term (the study's EAGLE
           form): the batch's (default) or the drafting request's own, before the max over requests;
+          rules ("auto" | "speclab" | "study"): step rules; auto = the study's with replicate batching and
+          aggregate="study" (docs/simulator.md lists them);
+          lengths ("own" | "common"): see above;
           engine ("fast" | "reference"): the vectorised simulator or the plain per-step loop.
     """
     cm = get_cost_model(cost_model)
-    traces, pols, _, notes = resolve_inputs(traces, policies, batching, batch_sizes, aggregate, seed, opts)
-    methods = {m for p in pols for m in p.methods}
-    ta = fast.prepare(traces, methods)
-    notes += ta.notes
+    pols, rules, notes = check_args(policies, batching, batch_sizes, aggregate, opts)
+    study = rules == "study"
+    all_methods = tuple(sorted({m for p in pols for m in p.methods}))
+    notes += _length_notes(traces, set(all_methods))
+    groups: dict[tuple[str, ...], list[Policy]] = {}
+    for p in pols:
+        key = all_methods if opts.get("lengths") == "common" else tuple(sorted(p.methods))
+        groups.setdefault(key, []).append(p)
+    rows: dict[tuple[int, str], SimResult] = {}
+    for key, gpols in groups.items():
+        sel, state, gnotes = _select(list(traces), key, aggregate, seed, opts)
+        ta = fast.prepare(sel, set(key), shift=study)
+        for n in gnotes + ta.notes:
+            if n not in notes:
+                notes.append(n)
+        for r in _run_group(ta, gpols, cm, batching, batch_sizes, aggregate, seed, opts, study, state, notes):
+            rows[(r.batch_size, r.policy)] = r
+    out = [rows[(int(b), p.spec)] for b in batch_sizes for p in pols]
+    for b in dict.fromkeys(int(x) for x in batch_sizes):
+        tails = [(r.tail_share, r.policy) for r in out if r.batch_size == b and r.tail_share is not None]
+        share, pol = max(tails, default=(0.0, ""))
+        if share > TAIL_WARN:
+            notes.append(
+                f"continuous batching, B={b}: fewer than {b} requests run for up to {share:.0%} of the single "
+                f"pass's makespan ({pol}); that tail, not a server's steady state, drives the makespan_* "
+                f"figures. throughput/speedup: the steady state (all {b} slots busy, the requests re-admitted "
+                "in turn)"
+            )
+    for r in out:
+        r.notes = list(notes)
+    return out
+
+
+def _run_group(
+    ta: fast.TraceArrays,
+    pols: list[Policy],
+    cm: CostModel,
+    batching: str,
+    batch_sizes: list[int],
+    aggregate: str,
+    seed: int,
+    opts: dict[str, Any],
+    study: bool,
+    state: Any,
+    notes: list[str],
+) -> list[SimResult]:
     heur = opts.get("ngram_miss_heuristic")
     match_p = None
     needs = any("ngram" in p.methods and p.heuristic_ok for p in pols) and "ngram" in ta.nprop
     unknown = needs and ta.nprop["ngram"] is None
     if heur is not None and unknown:
         match_p = np.array([match_p_for(heur, w) for w in ta.workloads], dtype=np.float64)
-        notes.append(
+        note = (
             "n-gram lookup misses drawn with the study's heuristic (match_p "
             + ", ".join(f"{w}={match_p_for(heur, w)}" for w in sorted(set(ta.workloads)))
             + ") where acc_len is 1"
         )
     elif heur is not None and needs:
-        notes.append("n-gram miss heuristic not used: the traces record proposal counts")
+        note = "n-gram miss heuristic not used: the traces record proposal counts"
     elif unknown:
-        notes.append(
+        note = (
             "n-gram traces have no proposal counts: a lookup is assumed to always find k drafts "
             "(pass ngram_miss_heuristic / --ngram-miss-heuristic for the study's guess)"
         )
+    else:
+        note = None
+    if note and note not in notes:
+        notes.append(note)
     switch = cm.switch_overhead if opts.get("switch_overhead") is None else float(opts["switch_overhead"])
     use_ref = opts.get("engine", "fast") == "reference"
     dkv = opts.get("linear_draft_kv") or "batch"
     baseline = make_policy("none")
     results: list[SimResult] = []
     tables: dict[str, fast.StepTable] = {}
+    on = match_p is not None
     for b in batch_sizes:
         b = int(b)
-        draws = None
-        if match_p is not None:
-            draws = fast.miss_draws(ta, match_p, batching, b, seed)
+        shared = fast.miss_draws(ta, match_p, batching, b, seed) if on and not study else None
+
+        def draws_for(p: Policy, b: int = b, shared: np.ndarray | None = shared) -> np.ndarray | None:
+            if not on or not study:
+                return shared
+            # the study's own stream: random.random() per copy where acc is 1, batch after batch
+            return fast.study_miss_draws(
+                tables[p.spec], ta, match_p, b, miss_generator(state or _fresh(seed))
+            )
+
         if use_ref:
             from speclab.simulate.reference import reference_timing
 
-            def timing(p: Policy, b=b, draws=draws) -> fast.Timing:
-                return reference_timing(ta, p, cm, batching, b, draws, switch, match_p is not None, dkv)
+            def timing(
+                p: Policy, b: int = b, shared: np.ndarray | None = shared, passes: int = 1
+            ) -> fast.Timing:
+                gen = miss_generator(state or _fresh(seed)) if on and study else None
+                return reference_timing(
+                    ta, p, cm, batching, b, shared, switch, on, dkv, study, gen, match_p, passes
+                )
         else:
 
-            def timing(p: Policy, b=b, draws=draws) -> fast.Timing:
-                if p.spec not in tables or p.uses_batch_size:
+            def timing(p: Policy, b: int = b, passes: int = 1) -> fast.Timing:
+                if passes == 1 and (p.spec not in tables or p.uses_batch_size):
                     tables[p.spec] = (
-                        fast.baseline_steps(ta)
-                        if p.spec == "none"
-                        else fast.run_steps(ta, p, b, match_p is not None)
+                        fast.baseline_steps(ta) if p.spec == "none" else fast.run_steps(ta, p, b, on)
                     )
-                return fast.step_costs(tables[p.spec], p, ta, cm, batching, b, draws, switch, dkv)
+                d = draws_for(p) if p.spec != "none" else None
+                tx, sx = fast.repeat_requests(ta, tables[p.spec], passes)
+                d = None if d is None else np.tile(d, passes)
+                return fast.step_costs(sx, p, tx, cm, batching, b, d, switch, dkv, study)
 
+        cont = batching == "continuous"
+        passes, capped = fast.steady_passes(ta.out_len, b) if cont else (1, False)
+        cap_note = (
+            f"continuous batching, B={b}: the steady-state run was capped at {passes} pass(es) over the "
+            "requests; the longest requests are under-represented in it (their life is long compared "
+            "with the measured window)"
+        )
+        if capped and cap_note not in notes:
+            notes.append(cap_note)
         base_tm = timing(baseline)
         base_thr = _aggregate(base_tm, aggregate)
+        base_steady = _steady(timing(baseline, passes=passes)) if cont else base_thr
         for p in pols:
             tm = base_tm if p.spec == "none" else timing(p)
             thr = _aggregate(tm, aggregate)
+            steady = (base_steady if p.spec == "none" else _steady(timing(p, passes=passes))) if cont else thr
+            tail = (1.0 - tm.full_s / tm.total_s if tm.total_s > 0 else 0.0) if cont else None
+            head, head_base = (
+                (steady, base_steady) if opts.get("continuous_measure") != "makespan" else (thr, base_thr)
+            )
             results.append(
                 SimResult(
                     batch_size=b,
                     policy=p.spec,
-                    throughput_tok_s=thr,
-                    speedup=thr / base_thr if base_thr > 0 else float("nan"),
+                    throughput_tok_s=head,
+                    speedup=head / head_base if head_base > 0 else float("nan"),
+                    makespan_throughput_tok_s=thr,
+                    makespan_speedup=thr / base_thr if base_thr > 0 else float("nan"),
+                    tail_share=tail,
+                    steady_throughput_tok_s=steady if cont else None,
+                    steady_speedup=(steady / base_steady if base_steady > 0 else float("nan"))
+                    if cont
+                    else None,
                     time_split_s={"verify": tm.verify_s, "propose": tm.propose_s, "overhead": tm.overhead_s},
                     mean_accepted_len=(tm.produced / tm.request_steps) if tm.request_steps else None,
                     tokens_rejected=tm.rejected,
                     steps=tm.steps,
                     batching=batching,
                     aggregate=aggregate,
-                    baseline_throughput_tok_s=base_thr,
+                    baseline_throughput_tok_s=head_base,
                     output_tokens=int(tm.tokens.sum()),
                     total_time_s=tm.total_s,
                     num_requests=ta.n,
-                    notes=list(notes),
                 )
             )
     return results
+
+
+def _steady(tm: fast.Timing) -> float:
+    return tm.full_tokens / tm.full_s if tm.full_s > 0 else float("nan")
+
+
+def _fresh(seed: int) -> Any:
+    import random
+
+    return random.Random(seed).getstate()

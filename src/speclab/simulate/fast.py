@@ -18,7 +18,7 @@ Memory is O(total trace positions): the step table has at most one row per outpu
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -28,6 +28,11 @@ from speclab.simulate.policies import Policy, PolicyContext, StepOutcome, StepVi
 from speclab.traces.model import RequestTrace
 
 BATCHING_MODES = ("replicate", "static", "continuous")
+# continuous batching's steady state: requests each slot serves on average in the measured run (see
+# steady_passes and docs/simulator.md)
+STEADY_REQUESTS_PER_SLOT = 4
+STEADY_LONGEST = 8
+STEADY_MAX_POSITIONS = 2_000_000
 
 
 @dataclass
@@ -54,31 +59,54 @@ class TraceArrays:
         return int(self.off[-1])
 
 
-def prepare(traces: list[RequestTrace], methods: set[str]) -> TraceArrays:
-    notes: list[str] = []
-    kept = [t for t in traces if t.output_len > 0]
-    if len(kept) < len(traces):
-        notes.append(f"skipped {len(traces) - len(kept)} request(s) with no output tokens")
-    if not kept:
-        raise TraceError("no requests with output tokens to simulate")
-    out_len = np.array([t.output_len for t in kept], dtype=np.int64)
-    off = np.zeros(len(kept) + 1, dtype=np.int64)
-    np.cumsum(out_len, out=off[1:])
-    acc: dict[str, np.ndarray] = {}
-    nprop: dict[str, np.ndarray | None] = {}
-    k_max: dict[str, int] = {}
+def method_lengths(traces: list[RequestTrace], methods: set[str] | tuple[str, ...]) -> np.ndarray:
+    """Per request, the output length a simulation over `methods` uses: each method's trace has its own
+    length (its own run); several methods = the shortest (their traces exist together only over that prefix);
+    no method (the baseline alone) = the record's output_len."""
     for m in sorted(methods):
-        missing = [t.id for t in kept if m not in t.methods]
+        missing = [t.id for t in traces if m not in t.methods]
         if missing:
             raise TraceError(
                 f"request {missing[0]!r} (and {len(missing) - 1} more) has no trace for method {m!r}"
                 if len(missing) > 1
                 else f"request {missing[0]!r} has no trace for method {m!r}"
             )
-        acc[m] = np.concatenate([t.methods[m].acc_len for t in kept]).astype(np.int64)
+    if not methods:
+        return np.array([t.output_len for t in traces], dtype=np.int64)
+    return np.array([min(len(t.methods[m].acc_len) for m in methods) for t in traces], dtype=np.int64)
+
+
+def prepare(traces: list[RequestTrace], methods: set[str], shift: bool = False) -> TraceArrays:
+    """Flatten traces for `methods`, each request at its method_lengths() length (requests of length 0 are
+    dropped). shift: the study's reading, where the first step after prefill reads acc_len[0] (produced - 1)
+    instead of acc_len[1]: the arrays move one position later, so position p holds acc_len[p - 1]."""
+    notes: list[str] = []
+    lengths = method_lengths(traces, methods)
+    keep = np.flatnonzero(lengths > 0)
+    kept = [traces[i] for i in keep]
+    if len(kept) < len(traces):
+        notes.append(f"skipped {len(traces) - len(kept)} request(s) with no output tokens")
+    if not kept:
+        raise TraceError("no requests with output tokens to simulate")
+    out_len = lengths[keep]
+    off = np.zeros(len(kept) + 1, dtype=np.int64)
+    np.cumsum(out_len, out=off[1:])
+
+    def flat(arrs: list[np.ndarray], fill: int) -> np.ndarray:
+        if shift:
+            arrs = [np.concatenate([[fill], a[: n - 1]]) for a, n in zip(arrs, out_len.tolist(), strict=True)]
+        else:
+            arrs = [a[:n] for a, n in zip(arrs, out_len.tolist(), strict=True)]
+        return np.concatenate(arrs).astype(np.int64)
+
+    acc: dict[str, np.ndarray] = {}
+    nprop: dict[str, np.ndarray | None] = {}
+    k_max: dict[str, int] = {}
+    for m in sorted(methods):
+        acc[m] = flat([t.methods[m].acc_len for t in kept], 1)
         k_max[m] = min(int(t.methods[m].k_max) for t in kept)
         if all(t.methods[m].num_proposed is not None for t in kept):
-            nprop[m] = np.concatenate([t.methods[m].num_proposed for t in kept]).astype(np.int64)
+            nprop[m] = flat([t.methods[m].num_proposed for t in kept], 0)
         else:
             nprop[m] = None
             if any(t.methods[m].num_proposed is not None for t in kept):
@@ -243,6 +271,21 @@ def miss_draws(ta: TraceArrays, match_p: np.ndarray, batching: str, batch_size: 
     return (rng.random(len(p)) < p).astype(np.int64)
 
 
+def study_miss_draws(
+    st: StepTable, ta: TraceArrays, match_p: np.ndarray, batch_size: int, gen: np.random.RandomState
+) -> np.ndarray:
+    """The study's own miss draws, value for value (replicate batching): `random.random()` once per copy at
+    every step where the heuristic applies (acc 1), request after request in batch order, step by step,
+    copies in order; a copy finds a match where the draw is < match_p. `gen` continues the study's generator
+    after its sampling (study.miss_generator). Returns matched copies per (request, output position)."""
+    order = np.lexsort((st.t, st.req))
+    rows = order[st.cand[order]]
+    u = gen.random_sample(len(rows) * batch_size).reshape(len(rows), batch_size)
+    out = np.zeros(ta.total_positions, dtype=np.int64)
+    out[ta.off[st.req[rows]] + st.pos[rows]] = (u < match_p[st.req[rows], None]).sum(axis=1)
+    return out
+
+
 @dataclass
 class Schedule:
     start: np.ndarray  # per request: global step of its prefill
@@ -292,6 +335,9 @@ class Timing:
     produced: int  # tokens produced by SD steps (all copies)
     request_steps: int  # SD steps summed over requests (all copies)
     rejected: int
+    # continuous batching: simulated time and tokens produced in the steps where every slot is busy
+    full_s: float = 0.0
+    full_tokens: int = 0
 
 
 def step_costs(
@@ -304,10 +350,14 @@ def step_costs(
     draws: np.ndarray | None,
     switch_overhead: float,
     draft_kv: str = "batch",
+    study: bool = False,
 ) -> Timing:
     """Time every global step and every request. draft_kv: the kv_tokens a "linear" drafting term sees --
-    "batch" (the batch's kv, as the target forward; default) or "request" (the drafting request's own)."""
+    "batch" (the batch's kv, as the target forward; default) or "request" (the drafting request's own).
+    study: the study's rules (replicate batching only; see study_draft): a request holds one more KV token
+    (prompt + produced), and drafting is charged per request copy, averaged over the copies."""
     c = batch_size if batching == "replicate" else 1
+    extra = 1 if study else 0
     sch = schedule(st.n_steps, batching, batch_size)
     G = sch.num_steps
     keys = sch.start[st.req] + 1 + st.t
@@ -319,13 +369,15 @@ def step_costs(
     vtok = (c - mc) + mc * (st.k + 1)
     spec_max = np.where(mc > 0, st.k, 0)
     spec_sum = st.k * mc
-    kv = np.bincount(keys, weights=c * (ta.prompt_len[st.req] + st.pos - 1), minlength=G)
+    kv = np.bincount(keys, weights=c * (ta.prompt_len[st.req] + st.pos - 1 + extra), minlength=G)
     vt = np.bincount(keys, weights=vtok, minlength=G) + np.bincount(
         sch.start, weights=c * ta.prompt_len, minlength=G
     )
     verify = cm.target_time(kv, vt)
     draft = np.zeros(G)
-    if policy.methods:
+    if study and policy.methods:
+        draft = np.bincount(keys, weights=study_draft(st, policy, ta, cm, c, mc, verify[keys]), minlength=G)
+    elif policy.methods:
         charge = np.array([policy.charge_as or m for m in policy.methods])
         for name in sorted(set(charge.tolist())):
             cost = cm.draft_for(name)
@@ -356,6 +408,15 @@ def step_costs(
     cum = np.cumsum(step_t)
     end = sch.start + st.n_steps
     latency = cum[end] - cum[sch.start] + step_t[sch.start]
+    full_s, full_tokens = 0.0, 0
+    if batching == "continuous":
+        # a request holds its slot from its prefill step through its last step
+        d = np.zeros(G + 1, dtype=np.int64)
+        np.add.at(d, sch.start, 1)
+        np.add.at(d, end + 1, -1)
+        full = np.cumsum(d)[:G] >= min(batch_size, ta.n)
+        tok = np.bincount(keys, weights=c * st.produced, minlength=G) + np.bincount(sch.start, minlength=G)
+        full_s, full_tokens = float(step_t[full].sum()), int(round(tok[full].sum()))
     return Timing(
         latency=latency,
         batch=sch.batch,
@@ -368,4 +429,74 @@ def step_costs(
         produced=int(c * st.produced.sum()),
         request_steps=int(c * len(st.req)),
         rejected=int(vtok.sum() - c * st.produced.sum()),
+        full_s=full_s,
+        full_tokens=full_tokens,
     )
+
+
+def steady_passes(out_len: np.ndarray, batch_size: int) -> tuple[int, bool]:
+    """How many times a continuous run admits the request list over to measure its steady state: enough that
+    every slot serves STEADY_REQUESTS_PER_SLOT requests on average, and that the measured window lasts
+    STEADY_LONGEST times as long as the longest request (a long request occupies a slot for its whole life:
+    in a server's steady state long requests hold slots in proportion to their tokens, and a window shorter
+    than their life under-counts them). Capped at STEADY_MAX_POSITIONS simulated positions; returns
+    (passes, capped)."""
+    n, total, longest = len(out_len), int(out_len.sum()), int(out_len.max())
+    need = max(STEADY_REQUESTS_PER_SLOT * batch_size / n, STEADY_LONGEST * batch_size * longest / total, 1.0)
+    cap = max(1, STEADY_MAX_POSITIONS // max(total, 1))
+    passes = int(np.ceil(need))
+    return min(passes, cap), passes > cap
+
+
+def repeat_requests(ta: TraceArrays, st: StepTable, passes: int) -> tuple[TraceArrays, StepTable]:
+    """The request list admitted `passes` times over (instance q is request q mod n): a request's steps do
+    not depend on its batch mates, so each instance repeats its request's step rows."""
+    if passes == 1:
+        return ta, st
+    n = ta.n
+    out_len = np.tile(ta.out_len, passes)
+    off = np.zeros(len(out_len) + 1, dtype=np.int64)
+    np.cumsum(out_len, out=off[1:])
+    tx = replace(ta, ids=ta.ids * passes, workloads=ta.workloads * passes,
+                 prompt_len=np.tile(ta.prompt_len, passes), out_len=out_len, off=off)  # fmt: skip
+    rep = np.repeat(np.arange(passes), len(st.req)) * n
+    sx = StepTable(
+        req=np.tile(st.req, passes) + rep,
+        **{
+            f: np.tile(getattr(st, f), passes)
+            for f in ("t", "pos", "meth", "k", "acc", "produced", "switched", "cand")
+        },
+        n_steps=np.tile(st.n_steps, passes),
+    )
+    return tx, sx
+
+
+def study_draft(
+    st: StepTable, policy: Policy, ta: TraceArrays, cm: CostModel, c: int, mc: np.ndarray, verify: np.ndarray
+) -> np.ndarray:
+    """The study's drafting charge per request step (replicate: one request's c copies per step), as the mean
+    over the copies of each copy's own drafting time (its latency carries its own, not the batch's maximum):
+    n-gram = fraction * verify for a copy that drafts (0 where L = 1), combine charged as n-gram at every
+    step; EAGLE (linear) = kv * kv + num_spec * L + const with L = k + 1 (the bonus included), charged at
+    every step, with kv the running count of the study's per-request loop: copy j sees what copies 0..j-1
+    produced (or freed, when they finished) in this step, a mean of delta * (c - 1) / 2."""
+    charge = [policy.charge_as or m for m in policy.methods]
+    out = np.zeros(len(st.req))
+    kv_req = ta.prompt_len[st.req] + st.pos  # one request's KV before the step (prompt + produced)
+    for j, name in enumerate(charge):
+        cost = cm.draft_for(name)
+        sel = st.meth == j
+        if cost.form == "verify_fraction":
+            share = 1.0 if policy.charge_as else np.where(st.k[sel] > 0, mc[sel], 0) / c
+            out[sel] = cost.fraction * verify[sel] * share
+        elif cost.form == "linear":
+            prod = np.minimum(st.acc[sel], st.k[sel] + 1)
+            done = st.pos[sel] + prod >= ta.out_len[st.req[sel]]
+            delta = np.where(done, -kv_req[sel], prod)
+            kv = c * kv_req[sel] + delta * (c - 1) / 2
+            out[sel] = cost.kv * kv + cost.num_spec * (st.k[sel] + 1) + cost.const
+        else:  # chained: the study has no such form; its per-step charge for the copies
+            out[sel] = (
+                st.k[sel] * (cost.kv * c * kv_req[sel] + cost.const) + cost.num_spec * st.k[sel] * mc[sel]
+            )
+    return out

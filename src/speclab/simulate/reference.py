@@ -14,10 +14,11 @@ from speclab.simulate.policies import Policy, PolicyContext, StepOutcome, StepVi
 
 
 class _Req:
-    __slots__ = ("i", "pos", "steps", "prev", "start_time")
+    __slots__ = ("q", "i", "pos", "steps", "prev", "start_time")
 
-    def __init__(self, i: int) -> None:
-        self.i = i
+    def __init__(self, q: int, n: int) -> None:
+        self.q = q  # instance (admission order; continuous steady state re-admits requests)
+        self.i = q % n  # the request (trace) it runs
         self.pos = 1  # position 0 is produced by prefill
         self.steps = 0
         self.prev = -2
@@ -34,8 +35,17 @@ def reference_timing(
     switch_overhead: float,
     heuristic: bool,
     draft_kv: str = "batch",
+    study: bool = False,
+    gen: np.random.RandomState | None = None,
+    match_p: np.ndarray | None = None,
+    passes: int = 1,
 ) -> Timing:
-    policy.begin(PolicyContext(num_requests=ta.n, batch_size=batch_size, k_max=dict(ta.k_max)))
+    """study: the study's step rules (replicate only): one more KV token per request, drafting charged per
+    copy and averaged (the study's per-request latency), n-gram misses drawn from `gen` one copy at a time
+    where the heuristic applies (with match_p per request) instead of from `draws`. passes (continuous only):
+    admit the request list that many times over, each admission a new request (its own policy state)."""
+    extra = 1 if study else 0
+    policy.begin(PolicyContext(num_requests=ta.n * passes, batch_size=batch_size, k_max=dict(ta.k_max)))
     copies = batch_size if batching == "replicate" else 1
     latency = np.zeros(ta.n)
     batch_of = np.zeros(ta.n, dtype=np.int64)
@@ -44,23 +54,36 @@ def reference_timing(
     prompt = ta.prompt_len.tolist()
     out_len = ta.out_len.tolist()
     off = ta.off.tolist()
-    tot = {"verify": 0.0, "propose": 0.0, "overhead": 0.0, "steps": 0, "produced": 0, "rsteps": 0, "rej": 0}
+    tot = {
+        "verify": 0.0,
+        "propose": 0.0,
+        "overhead": 0.0,
+        "steps": 0,
+        "produced": 0,
+        "rsteps": 0,
+        "rej": 0,
+        "full_s": 0.0,
+        "full_tok": 0,
+    }
 
     def run(order: list[int], slots: int) -> float:
         """Run requests through `slots` slots (admitting in order as slots free); returns the makespan."""
         waiting = deque(order)
         running: list[_Req] = []
         now = 0.0
+        busy = min(slots, len(order))
         while waiting or running:
             new: list[_Req] = []
             while waiting and len(running) + len(new) < slots:
-                new.append(_Req(waiting.popleft()))
+                new.append(_Req(waiting.popleft(), ta.n))
+            full = len(running) + len(new) >= busy
             # decisions for the running requests (not the ones being prefilled in this step)
             ridx = np.array([r.i for r in running], dtype=np.int64)
+            qidx = np.array([r.q for r in running], dtype=np.int64)
             pos = np.array([r.pos for r in running], dtype=np.int64)
             fi = ta.off[ridx] + pos if len(running) else np.zeros(0, dtype=np.int64)
             view = StepView(
-                ridx,
+                qidx,
                 pos,
                 np.array([r.steps for r in running], dtype=np.int64),
                 {m: (None if nprop[m] is None else nprop[m][fi]) for m in policy.methods},
@@ -83,13 +106,18 @@ def reference_timing(
             switched = False
             per_method: dict[str, list[tuple[int, int, int]]] = {}  # method -> [(spec, spec*copies, own kv)]
             prod_raw_l = []
+            matched_l: list[int] = []
+            step_tok = copies * len(new)  # each prefill produces the first token
             for j, r in enumerate(running):
                 m, kk, a = int(meth[j]), int(k[j]), int(a_arr[j])
-                kv += copies * (prompt[r.i] + r.pos - 1)
+                kv += copies * (prompt[r.i] + r.pos - 1 + extra)
                 matched = copies
-                if cand[j] and draws is not None:
+                if cand[j] and gen is not None and match_p is not None:
+                    matched = int((gen.random_sample(copies) < match_p[r.i]).sum())  # copies in order
+                elif cand[j] and draws is not None:
                     matched = int(draws[off[r.i] + r.pos])  # copies whose n-gram lookup found a match
                 vtok += (copies - matched) + matched * (kk + 1)
+                matched_l.append(matched)
                 if m >= 0:
                     name = policy.charge_as or policy.methods[m]
                     per_method.setdefault(name, []).append(
@@ -101,12 +129,20 @@ def reference_timing(
                 prod_raw_l.append(prod_raw)
                 prod = min(prod_raw, out_len[r.i] - r.pos)
                 tot["produced"] += copies * prod
+                step_tok += copies * prod
                 tot["rej"] += (copies - matched) + matched * (kk + 1) - copies * prod
                 tot["rsteps"] += copies
             for r in new:
                 vtok += copies * prompt[r.i]
             verify = cm.target_time(kv, vtok)
             draft = 0.0
+            if study:
+                draft = sum(
+                    _study_copy_drafts(policy, cm, int(meth[j]), int(k[j]), int(a_arr[j]), matched_l[j], copies,
+                                       prompt[r.i] + r.pos, out_len[r.i] - r.pos, verify)
+                    for j, r in enumerate(running)
+                )  # fmt: skip
+                per_method = {}
             for name in sorted(per_method):
                 cost = cm.draft_for(name)
                 items = per_method[name]
@@ -129,24 +165,29 @@ def reference_timing(
             tot["propose"] += draft
             tot["overhead"] += overhead
             tot["steps"] += 1
+            if full:
+                tot["full_s"] += dt
+                tot["full_tok"] += step_tok
             start = now
             now += dt
             if len(running):
-                policy.observe(StepOutcome(req=ridx, method=meth, k=k, accepted=np.array(prod_raw_l) - 1))
+                policy.observe(StepOutcome(req=qidx, method=meth, k=k, accepted=np.array(prod_raw_l) - 1))
             still: list[_Req] = []
             for j, r in enumerate(running):
                 r.pos += min(prod_raw_l[j], out_len[r.i] - r.pos)
                 r.steps += 1
                 r.prev = int(meth[j])
                 if r.pos >= out_len[r.i]:
-                    latency[r.i] = now - r.start_time
+                    if r.q < ta.n:
+                        latency[r.i] = now - r.start_time
                 else:
                     still.append(r)
             running = still
             for r in new:
                 r.start_time = start
                 if out_len[r.i] <= 1:  # prefill produced its only token
-                    latency[r.i] = now - start
+                    if r.q < ta.n:
+                        latency[r.i] = now - start
                 else:
                     running.append(r)
         return now
@@ -162,7 +203,7 @@ def reference_timing(
             batch_of[chunk] = b
             total += run(chunk, len(chunk))
     else:
-        total = run(list(range(ta.n)), batch_size)
+        total = run(list(range(ta.n * passes)), batch_size)
     return Timing(
         latency=latency,
         batch=batch_of,
@@ -175,4 +216,33 @@ def reference_timing(
         produced=tot["produced"],
         request_steps=tot["rsteps"],
         rejected=tot["rej"],
+        full_s=tot["full_s"] if batching == "continuous" else 0.0,
+        full_tokens=tot["full_tok"] if batching == "continuous" else 0,
     )
+
+
+def _study_copy_drafts(
+    policy: Policy, cm: CostModel, m: int, k: int, a: int, matched: int, copies: int, kv_req: int, left: int,
+    verify: float,
+) -> float:  # fmt: skip
+    """The study's drafting charge for one request's copies, copy by copy as its per-request loop does, then
+    the mean over copies (each copy's latency carries its own drafting). kv_req: one copy's KV before the
+    step; left: tokens it still has to produce. Copies 0..matched-1 are the ones whose lookup matched (only
+    their count matters)."""
+    if m < 0:
+        return 0.0
+    cost = cm.draft_for(policy.charge_as or policy.methods[m])
+    total = 0.0
+    running_kv = copies * kv_req
+    prod = min(a, k + 1)
+    for j in range(copies):
+        if cost.form == "verify_fraction":
+            drafts = policy.charge_as is not None or (k > 0 and j < matched)
+            total += cost.fraction * verify if drafts else 0.0
+        elif cost.form == "linear":
+            total += cost.kv * running_kv + cost.num_spec * (k + 1) + cost.const
+        else:
+            total += k * (cost.kv * copies * kv_req + cost.const) + cost.num_spec * k * matched
+        # this copy's update of the loop's running KV count: produce, or free everything when it finishes
+        running_kv += -kv_req if prod >= left else prod
+    return total / copies

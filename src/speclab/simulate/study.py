@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import numpy as np
 
 from speclab.errors import ConfigError
 
@@ -23,11 +25,31 @@ def study_sample(
 ) -> tuple[list[T], str | None]:
     """`random.seed(seed); random.sample(items_in_file_order, n)`, exactly as the study; with fewer than n
     items, all of them in file order (and a note saying so)."""
+    out, note, _ = study_sample_state(items, seed, n)
+    return out, note
+
+
+def study_sample_state(
+    items: Sequence[T], seed: int = 42, n: int = STUDY_NUM_REQUESTS
+) -> tuple[list[T], str | None, Any]:
+    """study_sample, plus the generator's state after sampling: the study draws its n-gram misses from the
+    same module-level generator next (see miss_generator)."""
     items = list(items)
-    if len(items) < n:
-        return items, f"only {len(items)} request(s) (< {n}): using all of them in file order, no sampling"
     rng = random.Random(seed)  # same state as random.seed(seed) on the module-level generator
-    return rng.sample(items, n), None
+    if len(items) < n:
+        note = f"only {len(items)} request(s) (< {n}): using all of them in file order, no sampling"
+        return items, note, rng.getstate()
+    return rng.sample(items, n), None, rng.getstate()
+
+
+def miss_generator(state: Any) -> np.random.RandomState:
+    """A numpy generator that continues Python's `random` from `state` (both are MT19937 and build a double
+    from two 32-bit outputs the same way), so random_sample(n) gives the next n random.random() values
+    without a Python loop."""
+    _, internal, _ = state
+    rs = np.random.RandomState()
+    rs.set_state(("MT19937", np.array(internal[:624], dtype=np.uint32), int(internal[624])))
+    return rs
 
 
 def match_p_for(setting: str | float, workload: str) -> float:

@@ -6,6 +6,11 @@ specdecode-bench: the study's JSON Lines (arXiv 2601.11580), one request per lin
 acc_len[p] = tokens one step starting at output position p would produce when proposing up to k_max=20
 drafts (accepted drafts + bonus, 1..21). The study's traces carry no proposal counts, so num_proposed is
 recorded as unknown (None), never invented.
+
+Lengths: each method's trace comes from that method's own run. generated_token_ids and acc_ngram come from
+the n-gram run (same length: the record's output); every other acc_* array (acc_eagle, ...) comes from its
+own run and keeps its own length (MethodTrace.output_len), with its output tokens unknown. Nothing is
+truncated or padded unless --lenient-lengths asks for the old one-length layout.
 """
 
 from __future__ import annotations
@@ -78,8 +83,10 @@ def import_specdecode_bench(
 ) -> tuple[list[RequestTrace], list[str]]:
     """Read study JSONL files. Returns (records, notes). Bad input raises TraceError naming file, line, field.
 
-    lenient_lengths: where an acc_len array's length differs from generated_token_ids, truncate it or pad it
-    with 1 (no acceptance) instead of failing; every such fix is counted in meta and in the notes."""
+    Each acc_* array keeps its own length, except acc_ngram, which comes from the same run as
+    generated_token_ids and must match it. lenient_lengths: force every acc_len array to the length of
+    generated_token_ids (truncate, or pad with 1 = no acceptance) instead; every such fix is counted in meta
+    and in the notes. Not needed for the study's files."""
     if category is not None and category not in CATEGORIES:
         raise TraceError(f"--category {category!r} not one of {', '.join(CATEGORIES)}")
     records: list[RequestTrace] = []
@@ -90,6 +97,7 @@ def import_specdecode_bench(
         wl = workload or path.name.split(".")[0]
         cat = category or guess_category(wl)
         adjusted = 0
+        own_len: dict[str, int] = {}  # method -> records whose trace has its own length
         try:
             fh = open(path)  # noqa: SIM115 (closed below; errors reported with the file name)
         except OSError as exc:
@@ -120,12 +128,12 @@ def import_specdecode_bench(
                     if not isinstance(v, dict) or "acc_len" not in v:
                         raise TraceError(f"{where}: field {key}: expected an object with acc_len")
                     acc = _int_list(v["acc_len"], f"{where}: field {key}.acc_len")
-                    if len(acc) != len(gen):
+                    if len(acc) != len(gen) and (lenient_lengths or key == "acc_ngram"):
                         if not lenient_lengths:
                             raise TraceError(
                                 f"{where}: field {key}.acc_len: has {len(acc)} entries but generated_token_ids "
-                                f"has {len(gen)} (one per output position expected; --lenient-lengths to "
-                                "truncate/pad)"
+                                f"has {len(gen)} (both come from the n-gram run: one entry per generated "
+                                "token expected; --lenient-lengths to truncate/pad)"
                             )
                         acc = np.concatenate(
                             [acc[: len(gen)], np.ones(max(0, len(gen) - len(acc)), np.int64)]
@@ -138,6 +146,8 @@ def import_specdecode_bench(
                             f"{where}: field {key}.acc_len: value {int(acc[p])} at position {p} out of range "
                             f"1..{k_max + 1} (k_max={k_max})"
                         )
+                    if len(acc) != len(gen):
+                        own_len[key] = own_len.get(key, 0) + 1
                     methods[_method_for_key(key)] = MethodTrace(k_max=k_max, acc_len=acc, num_proposed=None)
                 if not methods:
                     raise TraceError(f"{where}: field acc_ngram/acc_eagle: no acc_* field found")
@@ -157,6 +167,10 @@ def import_specdecode_bench(
                 )
                 rec.validate(where)
                 records.append(rec)
+        for key, cnt in sorted(own_len.items()):
+            notes.append(
+                f"{path}: {key}: {cnt} record(s) with their own length (from that method's own run; kept as is)"
+            )
         if adjusted:
             notes.append(f"{path}: {adjusted} acc_len array(s) truncated/padded to generated length")
     if not records:

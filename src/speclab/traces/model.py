@@ -3,6 +3,11 @@
 Conventions (shared by replay tracing, the bench, the importer and the simulator):
 - Output positions p = 0 .. output_len-1 index the target's generated tokens. Entry p describes one SD
   step whose context is prompt + output[:p]: the proposer offers up to k_max draft tokens for output[p:].
+- Each method's trace has its own length (MethodTrace.output_len = len(acc_len)): a method's trace may come
+  from that method's own run, whose output can differ from the record's (the study's files: EAGLE's arrays
+  come from a separate EAGLE run). RequestTrace.output_len / output_token_ids describe the record's
+  reference output; a method whose output_token_ids is None and whose length equals the record's follows the
+  record's output, otherwise its tokens are unknown unless recorded on the MethodTrace.
 - acc_len[p] = accepted drafts + 1 (the bonus/recovered token), so 1 .. k_max+1. This is the study's
   `acc_len`. Position 0 is produced by prefill, so simulators start stepping at p = 1.
 - num_proposed[p] = how many draft tokens the proposer could offer there (0 = no proposal, e.g. an n-gram
@@ -40,18 +45,32 @@ class MethodTrace:
     k_max: int
     acc_len: np.ndarray  # int16/int32, one per output position, 1..k_max+1
     num_proposed: np.ndarray | None = None  # one per output position, 0..k_max; None = not recorded
+    # this method's own output tokens, where its run's output is known and is not the record's
+    output_token_ids: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.acc_len = np.asarray(self.acc_len, dtype=np.int32)
         if self.num_proposed is not None:
             self.num_proposed = np.asarray(self.num_proposed, dtype=np.int32)
+        if self.output_token_ids is not None:
+            self.output_token_ids = np.asarray(self.output_token_ids, dtype=np.int32)
+
+    @property
+    def output_len(self) -> int:
+        """This method's output length: one acc_len entry per position of its own output."""
+        return len(self.acc_len)
 
     def validate(self, output_len: int, where: str) -> None:
+        """output_len: the record's; a method's own length may differ from it (see the module docstring)."""
         if not isinstance(self.k_max, int | np.integer) or self.k_max < 1:
             raise TraceError(f"{where}: field k_max: must be an integer >= 1, got {self.k_max!r}")
-        if self.acc_len.ndim != 1 or len(self.acc_len) != output_len:
+        if self.acc_len.ndim != 1:
+            raise TraceError(f"{where}: field acc_len: expected a flat list")
+        n = len(self.acc_len)
+        if self.output_token_ids is not None and len(self.output_token_ids) != n:
             raise TraceError(
-                f"{where}: field acc_len: has {len(self.acc_len)} entries, expected output_len={output_len}"
+                f"{where}: field output_token_ids: has {len(self.output_token_ids)} tokens, "
+                f"acc_len has {n} entries (one per output position)"
             )
         if len(self.acc_len) and (self.acc_len.min() < 1 or self.acc_len.max() > self.k_max + 1):
             bad = int(np.flatnonzero((self.acc_len < 1) | (self.acc_len > self.k_max + 1))[0])
@@ -61,9 +80,9 @@ class MethodTrace:
             )
         if self.num_proposed is not None:
             np_ = self.num_proposed
-            if np_.ndim != 1 or len(np_) != output_len:
+            if np_.ndim != 1 or len(np_) != n:
                 raise TraceError(
-                    f"{where}: field num_proposed: has {len(np_)} entries, expected output_len={output_len}"
+                    f"{where}: field num_proposed: has {len(np_)} entries, acc_len has {n} (one per position)"
                 )
             if len(np_) and (np_.min() < 0 or np_.max() > self.k_max):
                 bad = int(np.flatnonzero((np_ < 0) | (np_ > self.k_max))[0])
@@ -142,6 +161,7 @@ class RequestTrace:
                     "k_max": int(mt.k_max),
                     "acc_len": mt.acc_len.tolist(),
                     "num_proposed": ids(mt.num_proposed),
+                    **({} if mt.output_token_ids is None else {"output_token_ids": ids(mt.output_token_ids)}),
                 }
                 for name, mt in self.methods.items()
             },
@@ -166,6 +186,11 @@ class RequestTrace:
                     num_proposed=None
                     if m.get("num_proposed") is None
                     else _as_int_array(m["num_proposed"], f"{where}: field methods.{name}.num_proposed"),
+                    output_token_ids=None
+                    if m.get("output_token_ids") is None
+                    else _as_int_array(
+                        m["output_token_ids"], f"{where}: field methods.{name}.output_token_ids"
+                    ),
                 )
             rec = cls(
                 id=str(_require(d, "id", where)),

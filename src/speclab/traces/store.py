@@ -31,6 +31,9 @@ SCHEMA_VERSION = "1"
 METHOD_TYPE = pa.struct(
     [
         ("name", pa.string()),
+        # a method's own output where recorded (each method's arrays have their own length); absent in
+        # stores written before it existed, read as null
+        ("output_token_ids", pa.list_(pa.int32())),
         ("k_max", pa.int32()),
         ("acc_len", pa.list_(pa.int16())),
         ("num_proposed", pa.list_(pa.int16())),
@@ -69,6 +72,7 @@ def records_to_table(records: Iterable[RequestTrace], validate: bool = True) -> 
             [
                 {
                     "name": name,
+                    "output_token_ids": m.output_token_ids,
                     "k_max": int(m.k_max),
                     "acc_len": m.acc_len.astype(np.int16),
                     "num_proposed": None if m.num_proposed is None else m.num_proposed.astype(np.int16),
@@ -91,6 +95,7 @@ def table_to_records(table: pa.Table, source: str, validate: bool = True) -> lis
         methods = {}
         for m in row["methods"] or []:
             methods[m["name"]] = MethodTrace(
+                output_token_ids=m.get("output_token_ids"),
                 k_max=int(m["k_max"]),
                 acc_len=np.asarray(m["acc_len"], dtype=np.int32),
                 num_proposed=None if m["num_proposed"] is None else np.asarray(m["num_proposed"], np.int32),
