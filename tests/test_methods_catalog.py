@@ -3,7 +3,7 @@
 import pytest
 
 from speclab.engine.protocol import EngineSpec
-from speclab.errors import ConfigError
+from speclab.errors import ConfigError, TraceError
 from speclab.methods import make_proposer
 from speclab.methods.catalog import (
     CATALOG,
@@ -17,7 +17,7 @@ from speclab.methods.catalog import (
     TRACE_METHODS,
     trace_method_name,
 )
-from speclab.traces import KNOWN_METHODS
+from speclab.traces import check_method_name
 
 
 def test_lists_partition_the_methods() -> None:
@@ -26,7 +26,11 @@ def test_lists_partition_the_methods() -> None:
     assert set(ENGINE_METHODS) - set(TRACE_METHODS) == {"none", "custom_class"}
     assert set(REPLAY_METHODS) <= set(TRACE_METHODS)
     # the trace store accepts exactly the built-in trace names (and custom:<name>)
-    assert set(TRACE_METHODS) == set(KNOWN_METHODS)
+    for name in TRACE_METHODS:
+        assert check_method_name(name) == name
+    for name in ("none", "custom_class", "medusa"):
+        with pytest.raises(TraceError):
+            check_method_name(name)
 
 
 def test_trace_method_name() -> None:

@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from speclab.errors import TraceError
+from speclab.methods.catalog import TRACE_METHODS
 
 # Method names a trace may carry. Custom proposers use "custom:<name>".
-KNOWN_METHODS: tuple[str, ...] = ("ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp")
+KNOWN_METHODS: tuple[str, ...] = TRACE_METHODS  # the method catalog is the one home of method facts
 _CUSTOM_RE = re.compile(r"^custom:[A-Za-z0-9_.\-]+$")
 
 # Study categories a workload can stand for.
