@@ -222,15 +222,17 @@ def replay_attempt(
     from speclab.engine.protocol import read_job, read_results
 
     job = read_job(attempt / "job.json")
-    results = {r.cell_id: r for r in read_results(attempt / "cells.jsonl")}
     made = make_spec(job.engine.method, dict(job.engine.options), job.engine.k)
     if isinstance(made, str):
         return made
+    results = {r.cell_id: r for r in read_results(attempt / "cells.jsonl")}
     spec, k = made
     mml = job.engine.max_model_len if max_model_len is None else max_model_len
     sim = EngineSim(spec, k, mml)
     out: dict[tuple[str, str, int], SimRequest] = {}
     ok = [results.get(c.cell_id) for c in job.cells]
+    if all(r is None for r in ok):
+        return {}  # no cell finished in this attempt (yet)
     info = next((r.engine_info for r in ok if r is not None and r.engine_info), {})
     warm = info.get("warmup")
     if job.warmup:

@@ -110,7 +110,10 @@ def _replay_engines(
     """Re-enact every suffix engine of the run: {(cell_id, prompt_id, copy): (acc_len, num_proposed)}."""
     from speclab.replay.engine_sim import attempt_dirs, per_position, replay_attempt
 
+    name = "suffix"
+
     def make_spec(method: str, options: dict[str, Any], k: int | None):
+        nonlocal name
         if method == "suffix":
             name = "suffix"
         elif method == "custom_class" and str(options.get("model", "")).endswith(".SpeclabSuffixProposer"):
@@ -129,7 +132,7 @@ def _replay_engines(
         got = replay_attempt(ad, make_spec)
         if isinstance(got, str):
             if got != "not a suffix engine":
-                skipped.setdefault("suffix", f"{ad.parent.name}: {got}")
+                skipped.setdefault(name, f"{ad.parent.name}: {got}")
             continue
         out.update({key: per_position(req) for key, req in got.items()})
     return out
