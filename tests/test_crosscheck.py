@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from speclab.methods.ngram import NgramProposer
-from speclab.methods.suffix import SuffixSpeculator
+from speclab.methods.suffix import SuffixSpeculator, suffix_available
 from speclab.methods.vllm_custom import OPTIONS_ENV, SpeclabNgramProposer, SpeclabSuffixProposer
 from speclab.replay.crosscheck import check_request, crosscheck_records, expected_engine_steps
 from speclab.traces import RequestTrace
@@ -115,6 +115,7 @@ class _BuiltinLikeSuffix:
         return out
 
 
+@pytest.mark.skipif(not suffix_available(), reason="arctic-inference not installed")
 @pytest.mark.parametrize("copies", [1, 3])
 def test_suffix_adapter_matches_the_builtin_way_of_driving_the_cache(copies: int) -> None:
     """The custom_class adapter (no request ids: identity by context hash) proposes exactly what the

@@ -31,6 +31,8 @@ from speclab.replay.engine_sim import (
 from speclab.replay.runs import make_run_replay_fn
 from speclab.traces import RequestTrace, write_store
 
+pytest.importorskip("arctic_inference")  # suffix decoding is arctic-inference's cache
+
 
 def _data(seed: int, n: int = 4) -> list[tuple[np.ndarray, list[int]]]:
     rng = np.random.default_rng(seed)

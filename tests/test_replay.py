@@ -7,9 +7,12 @@ import pytest
 
 from speclab.errors import ConfigError, TraceError
 from speclab.methods import make_proposer
-from speclab.methods.suffix import SuffixSpeculator, suffix_options
+from speclab.methods.suffix import SuffixSpeculator, suffix_available, suffix_options
 from speclab.replay.replay import load_records, replay_records
 from speclab.traces import RequestTrace, write_store
+
+# suffix decoding is arctic-inference's cache (scripts/setup.sh installs it; its build may fail there)
+needs_arctic = pytest.mark.skipif(not suffix_available(), reason="arctic-inference not installed")
 
 
 def _rec(i: int, prompt, output, workload: str = "w") -> RequestTrace:
@@ -17,6 +20,7 @@ def _rec(i: int, prompt, output, workload: str = "w") -> RequestTrace:
                         prompt_token_ids=prompt, output_token_ids=output)  # fmt: skip
 
 
+@needs_arctic
 def test_suffix_repeats_a_seen_continuation() -> None:
     sp = SuffixSpeculator(max_cached_requests=0, max_spec_factor=10.0)
     prompt = np.array([5, 6, 7, 8, 9, 10, 11], dtype=np.int32)
@@ -27,6 +31,7 @@ def test_suffix_repeats_a_seen_continuation() -> None:
     assert sp.step("a", prompt, [8], np.array([*ctx, 7, 8], np.int32), 4, max_model_len=12) == []
 
 
+@needs_arctic
 def test_suffix_defaults_and_options_are_vllms() -> None:
     sp = SuffixSpeculator()
     assert (sp.max_tree_depth, sp.max_cached_requests, sp.max_spec_factor, sp.min_token_prob) == (
@@ -56,6 +61,7 @@ def test_suffix_without_arctic_inference_says_how_to_install(monkeypatch) -> Non
         SuffixSpeculator()
 
 
+@needs_arctic
 def test_suffix_global_tree_uses_earlier_outputs() -> None:
     sp = SuffixSpeculator(max_spec_factor=10.0)
     a_out = [20, 21, 22, 23, 24]
@@ -71,6 +77,7 @@ def test_suffix_global_tree_uses_earlier_outputs() -> None:
     assert (acc_b0 == 1).all()
 
 
+@needs_arctic
 def test_suffix_forgotten_response_leaves_the_global_tree() -> None:
     sp = SuffixSpeculator(max_spec_factor=10.0)
     sp.replay(np.array([1, 2, 3]), np.array([20, 21, 22, 23, 24]), 4, keep=False)
@@ -79,6 +86,7 @@ def test_suffix_forgotten_response_leaves_the_global_tree() -> None:
     assert (acc_b == 1).all()
 
 
+@needs_arctic
 def test_replay_records_fills_methods_and_dedupes(tmp_path) -> None:
     rng = np.random.default_rng(0)
     p = rng.integers(0, 5, size=50)
@@ -108,6 +116,7 @@ def test_make_proposer_errors() -> None:
         make_proposer("mtp")
 
 
+@needs_arctic
 def test_cli_trace_from_store_and_crosscheck(tmp_path) -> None:
     from click.testing import CliRunner
 
@@ -153,6 +162,7 @@ def test_crosscheck_uses_vllm_default_ngram_options_when_unrecorded() -> None:
     assert isinstance(replay_spec("custom:SpeclabSuffixProposer", {"use_global": False}, {}), str)
 
 
+@needs_arctic
 def test_variants_of_one_prompt_do_not_see_each_other() -> None:
     prompt = np.array([1, 2, 3])
     a = np.arange(20, 40)
