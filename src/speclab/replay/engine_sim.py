@@ -216,7 +216,7 @@ def attempt_dirs(run: Path) -> list[Path]:
 def replay_attempt(
     attempt: Path, make_spec: Any, max_model_len: int | None = None
 ) -> dict[tuple[str, str, int], SimRequest] | str:
-    """Re-enact one worker attempt. `make_spec(method, engine_options)` returns (SuffixSpeculator, k) for
+    """Re-enact one worker attempt. `make_spec(method, engine_options, k)` returns (SuffixSpeculator, k) for
     the engine, or a reason string when it cannot be replayed. Returns {(cell_id, prompt_id, copy):
     SimRequest} for the cells replayed (up to the first cell that did not finish ok), or a reason."""
     from speclab.engine.protocol import read_job, read_results
