@@ -6,12 +6,19 @@
 
 Synthetic requests imitate code editing: a 256-token prompt over a 32k vocabulary (Zipf-distributed) and an
 output that copies prompt spans of 5-60 tokens between short novel stretches, so lookups both hit and miss.
+
+With `suffix` among the methods it also times, side by side in the same run and on the same requests, the
+suffix replay speclab had before (its own Python count trie, kept below only as the baseline being compared
+against: it is not speclab's suffix method any more, which is arctic-inference's cache as vLLM runs it), and
+prints the ratio. The two do not propose the same tokens (different algorithms); the timing is per position.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,6 +42,147 @@ def synthetic(n: int, out_len: int, prompt_len: int, seed: int = 0) -> list[Requ
         recs.append(RequestTrace(f"syn-{i}", "synthetic", "code-editing", prompt_len, out_len,
                                  prompt_token_ids=prompt, output_token_ids=out_arr))  # fmt: skip
     return recs
+
+
+# --- baseline only: speclab's former suffix replay (a depth-limited Python count trie) -------------------
+_STRIDE = 1 << 24  # child key = node * _STRIDE + token; tokens are checked to be < 2**24 per request
+
+
+class _OldCountTrie:
+    """Depth-limited trie of all substrings of the appended text, with counts (the former implementation)."""
+
+    def __init__(self, max_depth: int) -> None:
+        self.max_depth = max_depth
+        self.child: dict[int, int] = {}
+        self.count, self.depth, self.token, self.best, self.child_total = [0], [0], [-1], [-1], [0]
+
+    def append(self, frontier: list[int], tok: int) -> list[int]:
+        child, count, best, child_total, depth = (
+            self.child,
+            self.count,
+            self.best,
+            self.child_total,
+            self.depth,
+        )
+        new: list[int] = []
+        for d, node in enumerate((0, *frontier), start=1):
+            key = node * _STRIDE + tok
+            c = child.get(key)
+            if c is None:
+                c = len(count)
+                child[key] = c
+                count.append(1)
+                depth.append(d)
+                self.token.append(tok)
+                best.append(-1)
+                child_total.append(0)
+            else:
+                count[c] += 1
+            child_total[node] += 1
+            b = best[node]
+            if b < 0 or (b != c and count[c] > count[b]):
+                best[node] = c
+            if d < self.max_depth:
+                new.append(c)
+        return new
+
+    def follow(self, frontier: list[int], tok: int, max_len: int) -> list[int]:
+        child, depth = self.child, self.depth
+        new: list[int] = []
+        for node in (0, *frontier):
+            c = child.get(node * _STRIDE + tok)
+            if c is not None and depth[c] <= max_len:
+                new.append(c)
+        return new
+
+    def speculate(self, frontier: list[int], max_match: int, k: int, min_prob: float, spec_factor: float):
+        depth, child_total = self.depth, self.child_total
+        node = next((c for c in reversed(frontier) if depth[c] <= max_match and child_total[c] > 0), -1)
+        if node < 0:
+            return [], 0.0
+        limit = min(k, math.ceil(spec_factor * depth[node]))
+        out: list[int] = []
+        prob, score = 1.0, 0.0
+        while len(out) < limit:
+            b = self.best[node]
+            if b < 0:
+                break
+            prob *= self.count[b] / child_total[node]
+            if prob < min_prob:
+                break
+            out.append(self.token[b])
+            score += prob
+            node = b
+        return out, score
+
+
+@dataclass
+class OldSuffixTrie:
+    """The former replay: local trie (prompt + output so far) and a global trie of earlier outputs."""
+
+    max_depth: int = 32
+    max_match: int = 12
+    min_prob: float = 0.1
+    spec_factor: float = 2.0
+    global_trie: _OldCountTrie = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.global_trie = _OldCountTrie(self.max_depth)
+
+    def replay(
+        self, prompt_ids: np.ndarray, output_ids: np.ndarray, k_max: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        if len(prompt_ids) and max(int(np.max(prompt_ids)), int(np.max(output_ids, initial=0))) >= _STRIDE:
+            raise ValueError("token ids >= 2**24 do not fit the baseline trie's key packing")
+        out = [int(t) for t in np.asarray(output_ids).tolist()]
+        n = len(out)
+        acc, nprop = np.ones(n, dtype=np.int32), np.zeros(n, dtype=np.int32)
+        local, g = _OldCountTrie(self.max_depth), self.global_trie
+        lfront: list[int] = []
+        gfront: list[int] = []
+        for t in np.asarray(prompt_ids).tolist():
+            lfront = local.append(lfront, int(t))
+            gfront = g.follow(gfront, int(t), self.max_match)
+        args = (self.max_match, k_max, self.min_prob, self.spec_factor)
+        for p in range(n):
+            d, score = local.speculate(lfront, *args)
+            if gfront:
+                gd, gs = g.speculate(gfront, *args)
+                if gs > score:
+                    d = gd
+            nprop[p] = len(d)
+            a = 0
+            for j, t in enumerate(d):
+                if p + j >= n or out[p + j] != t:
+                    break
+                a += 1
+            acc[p] = a + 1
+            lfront = local.append(lfront, out[p])
+            gfront = g.follow(gfront, out[p], self.max_match)
+        front: list[int] = []
+        for t in out:  # the finished output enters the global trie
+            front = g.append(front, t)
+        return acc, nprop
+
+
+def compare_suffix(recs: list[RequestTrace], k_max: int) -> None:
+    """Old trie vs arctic-inference's cache, same requests, same loop, one after the other (twice, to
+    expose drift on a shared machine)."""
+    from speclab.methods.suffix import SuffixSpeculator
+
+    positions = sum(r.output_len for r in recs)
+    times: dict[str, list[float]] = {"old": [], "new": []}
+    for _ in range(2):
+        for name, make in (("old", OldSuffixTrie), ("new", SuffixSpeculator)):
+            prop = make()
+            t0 = time.perf_counter()
+            for r in recs:
+                prop.replay(r.prompt_token_ids, r.output_token_ids, k_max)
+            times[name].append(time.perf_counter() - t0)
+    old, new = min(times["old"]), min(times["new"])
+    print(f"suffix, former Python trie (baseline) {1e6 * old / positions:7.1f} us/position")
+    print(f"suffix, arctic-inference cache (now)  {1e6 * new / positions:7.1f} us/position")
+    print(f"suffix replay speed-up: {old / new:.2f}x (best of 2 each, same requests, side by side)")
 
 
 def main() -> None:
@@ -61,7 +209,10 @@ def main() -> None:
         from speclab.models.prepare import resolve_model
 
         options["draft_model"] = {"model": str(resolve_model(a.draft_model)), "threads": a.threads}
-    for m in [x.strip() for x in a.methods.split(",") if x.strip()]:
+    mlist = [x.strip() for x in a.methods.split(",") if x.strip()]
+    if "suffix" in mlist:
+        compare_suffix(recs, a.k_max)
+    for m in mlist:
         fresh = [RequestTrace(r.id, r.workload, r.category, r.prompt_len, r.output_len,
                               prompt_token_ids=r.prompt_token_ids, output_token_ids=r.output_token_ids)
                  for r in recs]  # fmt: skip

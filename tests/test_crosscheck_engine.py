@@ -1,7 +1,8 @@
 """Live cross-check: run vLLM (fp32, greedy) with n-gram speculation, built-in and through speclab's
-custom_class adapter, then check that replay predicts every observed step (CONTRACTS: engine test).
+custom_class adapter, then check that replay predicts every observed step (CONTRACTS: engine test);
+and vLLM's built-in suffix decoding through speclab's engine worker, re-enacted by speclab.replay.engine_sim.
 
-Also a script: `python tests/test_crosscheck_engine.py --run-dir RUN --method ngram|custom-ngram|custom-suffix`
+Also a script: `python tests/test_crosscheck_engine.py --run-dir RUN --method ngram|custom-ngram|draft`
 writes a minimal bench-like run (RUN/results.jsonl + RUN/traces/part-*.parquet with meta["observed"]) that
 `speclab trace crosscheck RUN` reads.
 """
@@ -27,10 +28,6 @@ ENGINE_METHODS = {
     ),
     "draft": ("draft_model", {"method": "draft_model"}),
     "draft-self": ("draft_model", {"method": "draft_model"}),
-    "custom-suffix": (
-        "custom:SpeclabSuffixProposer",
-        {"method": "custom_class", "model": "speclab.methods.vllm_custom.SpeclabSuffixProposer"},
-    ),
 }
 
 
@@ -139,6 +136,60 @@ def test_ngram_replay_matches_vllm(tmp_path: Path) -> None:
     for s in summary.values():
         assert s["mismatch"] == 0 and s["max_model_len"] == 0, (summary, [vars(m) for m in res.mismatches()])
         assert s["steps_observed"] > 0
+
+
+@pytest.mark.engine
+def test_suffix_replay_matches_vllm_builtin_suffix(tmp_path: Path) -> None:
+    """speclab's worker runs vLLM's built-in `suffix` (warmup, a batch-1 then a batch-4 continuous cell on
+    one engine, so the global tree carries across cells and requests share it within a step); the engine
+    re-enactment must predict every observed step. Suffix decoding has no per-request replay that could."""
+    pytest.importorskip("vllm")
+    pytest.importorskip("arctic_inference")
+    from transformers import AutoTokenizer
+
+    from speclab.engine.launch import worker_env
+    from speclab.engine.protocol import CellSpec, EngineSpec, Job, PromptSpec, read_results, write_job
+    from speclab.methods.suffix import SuffixSpeculator
+    from speclab.models.prepare import resolve_model
+    from speclab.replay.crosscheck import check_request
+    from speclab.replay.engine_sim import per_position, replay_attempt
+    from speclab.traces import RequestTrace
+    from speclab.workloads import load_workload, render_prompt
+
+    try:
+        target = str(resolve_model("smollm2-135m", prepare=False))
+    except Exception:
+        pytest.skip("smollm2-135m not prepared (speclab models prepare smollm2-135m)")
+    tok = AutoTokenizer.from_pretrained(target)
+    prompts = [PromptSpec(p.id, render_prompt(p, tok, max_prompt_tokens=512)[0])
+               for p in load_workload("offline-code-edit", limit=4)]  # fmt: skip
+    k = 8
+    engine = EngineSpec(target=target, method="suffix", k=k, max_model_len=2048, max_num_seqs=4,
+                        enforce_eager=True, kv_cache_gib=1.0)  # fmt: skip
+    cells = [CellSpec(f"b{b}", "continuous", b, 48, prompts) for b in (1, 4)]
+    ad = tmp_path / "engines" / "suffix" / "attempt-1"
+    ad.mkdir(parents=True)
+    write_job(Job(engine=engine, cells=cells), ad / "job.json")
+    cmd = [sys.executable, "-m", "speclab.engine.worker", "--job", str(ad / "job.json"), "--out",
+           str(ad / "cells.jsonl")]  # fmt: skip
+    subprocess.run(cmd, check=True, env=worker_env(1.0), cwd=ROOT, timeout=900)
+    results = {r.cell_id: r for r in read_results(ad / "cells.jsonl")}
+    assert all(r.status == "ok" for r in results.values()) and len(results) == 2
+    sim = replay_attempt(ad, lambda method, opts, k_: (SuffixSpeculator(), int(k_)))
+    assert not isinstance(sim, str), sim
+    statuses, steps = [], 0
+    for cell in cells:
+        for r in results[cell.cell_id].requests:
+            pids = next(p.prompt_token_ids for p in prompts if p.id == r.id)
+            rec = RequestTrace(r.id, "w", "other", len(pids), len(r.output_token_ids),
+                               prompt_token_ids=pids, output_token_ids=r.output_token_ids)  # fmt: skip
+            obs = {"per_step_accepted": r.per_step_accepted, "per_step_drafted": r.per_step_drafted}
+            acc, nprop = per_position(sim[(cell.cell_id, r.id, 0)])
+            rc = check_request(rec, acc, nprop, "suffix", k, obs, 2048)
+            statuses.append((cell.cell_id, r.id, rc.status, rc.first_diff))
+            steps += rc.steps_observed
+    assert all(s[2] in ("agree", "output_end") for s in statuses), statuses
+    assert steps > 0
 
 
 if __name__ == "__main__":

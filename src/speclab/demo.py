@@ -129,6 +129,7 @@ def run_demo(
     traced = out_dir / "traced"
 
     def trace() -> Path | None:
+        from speclab.methods.suffix import suffix_available
         from speclab.models import resolve_model
         from speclab.replay.replay import load_records, replay_records
         from speclab.traces import write_store
@@ -142,10 +143,13 @@ def run_demo(
                 "max_n": int(ngram.get("prompt_lookup_max", NGRAM_MAX_N)),
                 "max_model_len": spec.max_model_len,
             },
-            "suffix": {"use_global": True},
+            "suffix": {},  # vLLM's suffix_decoding_* defaults
             "draft_model": {"max_model_len": spec.max_model_len},
         }
         methods = [m for m in DEMO_REPLAY_METHODS if m != "draft_model" or drafter]
+        if "suffix" in methods and not suffix_available():
+            methods.remove("suffix")
+            echo("   suffix replay skipped: arctic-inference is not installed (scripts/setup.sh installs it)")
         if "draft_model" in methods:
             options["draft_model"]["model"] = str(resolve_model(drafter, spec.dtype, prepare=False))
         with_ids = [r for r in records if r.prompt_token_ids is not None and r.output_token_ids is not None]

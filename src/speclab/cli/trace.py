@@ -66,11 +66,18 @@ def _progress(desc: str):
 @click.option("--out", "out", type=click.Path(), help="Output store (.parquet file, directory, or .jsonl).")
 @click.option("--ngram-min", default=NGRAM_MIN_N, show_default=True, help="n-gram prompt_lookup_min.")
 @click.option("--ngram-max", default=NGRAM_MAX_N, show_default=True, help="n-gram prompt_lookup_max.")
-@click.option("--suffix-max-depth", default=32, show_default=True)
-@click.option("--suffix-max-match", default=12, show_default=True)
-@click.option("--suffix-min-prob", default=0.1, show_default=True)
-@click.option("--suffix-spec-factor", default=2.0, show_default=True)
-@click.option("--suffix-no-global", is_flag=True, help="Suffix: only the request's own text, no global trie.")
+@click.option(
+    "--suffix-max-tree-depth", default=24, show_default=True, help="vLLM suffix_decoding_max_tree_depth."
+)
+@click.option("--suffix-max-cached-requests", default=10000, show_default=True,
+              help="vLLM suffix_decoding_max_cached_requests (responses kept in the global tree).")  # fmt: skip
+@click.option(
+    "--suffix-max-spec-factor", default=1.0, show_default=True, help="vLLM suffix_decoding_max_spec_factor."
+)
+@click.option(
+    "--suffix-min-token-prob", default=0.1, show_default=True, help="vLLM suffix_decoding_min_token_prob."
+)
+@click.option("--suffix-no-global", is_flag=True, help="Suffix: no global tree (max_cached_requests 0).")
 @click.option("--draft-model", default=None, help="Draft checkpoint (preset name or path) for draft_model.")
 @click.option("--eagle-head", default=None, help="EAGLE-1 head dir for eagle (experimental; needs --target).")
 @click.option("--max-model-len", default=None, type=int, help="Cap proposals like an engine with this limit.")
@@ -88,10 +95,10 @@ def command(
     out: str | None,
     ngram_min: int,
     ngram_max: int,
-    suffix_max_depth: int,
-    suffix_max_match: int,
-    suffix_min_prob: float,
-    suffix_spec_factor: float,
+    suffix_max_tree_depth: int,
+    suffix_max_cached_requests: int,
+    suffix_max_spec_factor: float,
+    suffix_min_token_prob: float,
     suffix_no_global: bool,
     draft_model: str | None,
     eagle_head: str | None,
@@ -113,11 +120,10 @@ def command(
             ngram_max=ngram_max,
             max_model_len=max_model_len,
             suffix_opts=dict(
-                max_depth=suffix_max_depth,
-                max_match=suffix_max_match,
-                min_prob=suffix_min_prob,
-                spec_factor=suffix_spec_factor,
-                use_global=not suffix_no_global,
+                max_tree_depth=suffix_max_tree_depth,
+                max_cached_requests=0 if suffix_no_global else suffix_max_cached_requests,
+                max_spec_factor=suffix_max_spec_factor,
+                min_token_prob=suffix_min_token_prob,
             ),
             draft_model=draft_model,
             threads=threads,

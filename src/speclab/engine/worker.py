@@ -283,7 +283,18 @@ class Engine:
     def warmup(self, cell: CellSpec) -> None:
         ids = cell.prompts[0].prompt_token_ids[:32]
         self.profiler.enabled = False
-        self.drive([("warmup", ids)], 1, 8)
+        done, _ = self.drive([("warmup", ids)], 1, 8)
+        # recorded because a stateful proposer (suffix: the global tree) remembers the warmup's answer,
+        # so replaying the engine's proposals (speclab.replay.engine_sim) must feed it too
+        comp = done["warmup"].outputs[0]
+        m = getattr(comp, "spec_decode_metrics", None)
+        self.info["warmup"] = {
+            "prompt_token_ids": [int(t) for t in ids],
+            "output_token_ids": [int(t) for t in comp.token_ids],
+            "max_tokens": 8,
+            "per_step_accepted": list(m.per_step_accepted) if m is not None else None,
+            "per_step_drafted": list(m.per_step_drafted) if m is not None else None,
+        }
 
     def run_cell(self, cell: CellSpec) -> CellResult:
         spec = self.spec

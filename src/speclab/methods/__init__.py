@@ -2,7 +2,8 @@
 
 Common interface: `propose(context_ids, k) -> np.ndarray` (live, one context) and
 `replay(prompt_ids, output_ids, k_max) -> (acc_len, num_proposed)` (every output position of a finished
-request). Suffix speculation is stateful: see `speclab.methods.suffix`.
+request). Suffix decoding is stateful (arctic-inference's cache, as vLLM runs it): see
+`speclab.methods.suffix`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ def make_proposer(method: str, **options: Any) -> Any:
 
             return NgramProposer(**options)
         if method == "suffix":
-            from speclab.methods.suffix import SuffixSpeculator
+            from speclab.methods.suffix import SuffixSpeculator, suffix_options
 
-            return SuffixSpeculator(**options)
+            return SuffixSpeculator(**suffix_options(options, strict=True))
         if method == "draft_model":
             from speclab.methods.draft_model import DraftModelProposer
 

@@ -1,232 +1,220 @@
-"""Suffix speculation: a frequency trie over the request's own text and earlier outputs of the workload.
+"""Suffix decoding (Oliaro et al., arXiv 2411.04975) as vLLM's built-in `suffix` method runs it.
 
-In the spirit of SuffixDecoding (Oliaro et al., arXiv 2411.04975), written from the idea, not from
-arctic-inference's code. How it works here:
+There is one implementation: arctic-inference's `SuffixDecodingCache` (the library vLLM's
+`SuffixDecodingProposer` imports), driven here call for call the way vLLM drives it:
 
-- A `CountTrie` holds every substring (up to `max_depth` tokens) of the text inserted into it, with a count
-  per node. Text is appended token by token: a "frontier" of the nodes for the current suffixes (lengths
-  1..max_depth-1) is advanced by one token, so appending costs O(max_depth) and nothing is ever rebuilt.
-  Each node keeps its most frequent child and the total count of its children, so a greedy walk is O(1)
-  per token.
-- Two tries per request: the local one (the request's prompt plus its output so far) and the global one
-  (outputs of the requests that finished earlier, in workload order). The global trie is read-only while a
-  request runs; the request's output is added when it finishes.
-- To speculate after a context: in each trie take the longest suffix of the context (at most `max_match`
-  tokens) whose node has a continuation, then walk the most frequent child while the product of the
-  branch probabilities (child count / all children's count) stays >= `min_prob`, for at most
-  min(k, ceil(spec_factor * match length)) tokens. Of the two chains, keep the one with the larger
-  expected accepted length (sum of the running products); the local one on ties.
+- a request enters with `start_request(req_id, prompt)` at its first proposing step (the step whose sampled
+  tokens are non-empty, i.e. after its prefill completed), evicting an earlier cached response of the same
+  id first;
+- every step, `add_active_response(req_id, sampled)` then `speculate(req_id, last max_tree_depth tokens,
+  max_spec_tokens=min(k, max_model_len - num_tokens - 1), max_spec_factor, min_token_prob)`; a row at
+  `num_tokens >= max_model_len` is skipped before anything is added;
+- after the rows of a step, every active request not in the batch is stopped (`stop_request`).
 
-Differences from arctic-inference's SuffixDecodingCache: a depth-limited count trie with an incremental
-frontier instead of a compressed suffix tree; a chain (not a tree) is proposed, which is also all vLLM
-verifies; match length and speculation depth are capped separately (`max_match`, `max_depth`); the
-global trie keeps every earlier output (no eviction) and holds outputs only, not prompts.
+The response of every active request is added to the *global* tree as it is generated (not when it
+finishes), so in a batch requests see each other's partial answers, and a request sees its own; the global
+tree keeps the last `max_cached_requests` responses (FIFO by start). Options and defaults are vLLM's
+SpeculativeConfig `suffix_decoding_*` fields, accepted with or without that prefix.
 
-The replay (`replay`) drives exactly the same object the live vLLM adapter drives, one token at a time.
+`SuffixSpeculator.step` is that per-row logic; the live `custom_class` adapter (methods/vllm_custom.py),
+the engine replay (replay/engine_sim.py) and the per-position replay (`replay` below) all call it.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from speclab.errors import ConfigError
 
-_STRIDE = 1 << 24  # child key = node * _STRIDE + token (token ids are < 2**24)
+INSTALL_HINT = (
+    "suffix decoding runs arctic-inference's cache (the library vLLM's suffix method uses): "
+    "install it with scripts/setup.sh or `pip install arctic-inference`"
+)
+# vLLM SpeculativeConfig defaults (suffix_decoding_* fields, vLLM 0.32)
+VLLM_DEFAULTS: dict[str, Any] = {
+    "max_tree_depth": 24,
+    "max_cached_requests": 10000,
+    "max_spec_factor": 1.0,
+    "min_token_prob": 0.1,
+}
+VLLM_PREFIX = "suffix_decoding_"
 
 
-class CountTrie:
-    """Depth-limited trie of all substrings of the appended text, with counts."""
-
-    def __init__(self, max_depth: int) -> None:
-        self.max_depth = max_depth
-        self.child: dict[int, int] = {}
-        self.count: list[int] = [0]
-        self.depth: list[int] = [0]
-        self.token: list[int] = [-1]
-        self.best: list[int] = [-1]  # most frequent child (first seen wins ties)
-        self.child_total: list[int] = [0]
-
-    def __len__(self) -> int:
-        return len(self.count)
-
-    def append(self, frontier: list[int], tok: int) -> list[int]:
-        """Insert one more token of a stream whose current suffix nodes are `frontier` (depth ascending,
-        root excluded); return the new frontier."""
-        # hot loop: node creation is inlined (most suffixes of fresh text are new nodes)
-        child, count, best, child_total, depth = (
-            self.child,
-            self.count,
-            self.best,
-            self.child_total,
-            self.depth,
-        )
-        token = self.token
-        max_depth = self.max_depth
-        new: list[int] = []
-        # frontier depths are 1, 2, 3, ...: the child of the d-th visited node (root first) has depth d
-        for d, node in enumerate((0, *frontier), start=1):
-            key = node * _STRIDE + tok
-            c = child.get(key)
-            if c is None:
-                c = len(count)
-                child[key] = c
-                count.append(1)
-                depth.append(d)
-                token.append(tok)
-                best.append(-1)
-                child_total.append(0)
-            else:
-                count[c] += 1
-            child_total[node] += 1
-            b = best[node]
-            if b < 0 or (b != c and count[c] > count[b]):
-                best[node] = c
-            if d < max_depth:
-                new.append(c)
-        return new
-
-    def follow(self, frontier: list[int], tok: int, max_len: int) -> list[int]:
-        """Advance a read-only match frontier (nodes of suffixes present in the trie) by one token."""
-        child, depth = self.child, self.depth
-        new: list[int] = []
-        for node in (0, *frontier):
-            c = child.get(node * _STRIDE + tok)
-            if c is not None and depth[c] <= max_len:
-                new.append(c)
-        return new
-
-    def speculate(
-        self, frontier: Sequence[int], max_match: int, k: int, min_prob: float, spec_factor: float
-    ) -> tuple[list[int], float, int]:
-        """Chain from the deepest frontier node (depth <= max_match) that has a continuation.
-        Returns (tokens, score, match_len)."""
-        depth, child_total = self.depth, self.child_total
-        node = -1
-        for cand in reversed(frontier):
-            if depth[cand] <= max_match and child_total[cand] > 0:
-                node = cand
-                break
-        if node < 0:
-            return [], 0.0, 0
-        m = depth[node]
-        limit = min(k, math.ceil(spec_factor * m))
-        out: list[int] = []
-        prob = 1.0
-        score = 0.0
-        best, count, token = self.best, self.count, self.token
-        while len(out) < limit:
-            b = best[node]
-            if b < 0:
-                break
-            prob *= count[b] / child_total[node]
-            if prob < min_prob:
-                break
-            out.append(token[b])
-            score += prob
-            node = b
-        return out, score, m
+def suffix_options(options: dict[str, Any], strict: bool = False) -> dict[str, Any]:
+    """SuffixSpeculator keyword arguments from vLLM-style (`suffix_decoding_max_tree_depth`) or short
+    (`max_tree_depth`) option names; other keys are dropped, or rejected if `strict`."""
+    out: dict[str, Any] = {}
+    for key, val in options.items():
+        name = key[len(VLLM_PREFIX) :] if key.startswith(VLLM_PREFIX) else key
+        if name in VLLM_DEFAULTS:
+            out[name] = val
+        elif strict:
+            raise ConfigError(f"suffix: unknown option {key!r} (have {', '.join(VLLM_DEFAULTS)})")
+    return out
 
 
-@dataclass
-class SuffixRequest:
-    """Per-request state: the local trie and the two match frontiers."""
+def suffix_available() -> bool:
+    """Whether arctic-inference (vLLM's suffix decoding library) is installed."""
+    import importlib.util
 
-    local: CountTrie
-    lfront: list[int] = field(default_factory=list)
-    gfront: list[int] = field(default_factory=list)
-    output: list[int] = field(default_factory=list)
+    return importlib.util.find_spec("arctic_inference") is not None
+
+
+def _cache_class() -> Any:
+    try:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+    except ImportError:
+        raise ConfigError(INSTALL_HINT) from None
+    return SuffixDecodingCache
 
 
 @dataclass
 class SuffixSpeculator:
-    """Suffix speculation over one workload. Lifecycle per request: `req = start_request(prompt)`,
-    then `speculate(req, k)` / `extend(req, new_tokens)` alternately, and `finish_request(req)`."""
+    """One arctic-inference suffix cache (one engine's worth of state) and vLLM's way of driving it."""
 
-    max_depth: int = 32
-    max_match: int = 12
-    min_prob: float = 0.1
-    spec_factor: float = 2.0
-    use_global: bool = True
-    global_trie: CountTrie = field(init=False)
+    max_tree_depth: int = VLLM_DEFAULTS["max_tree_depth"]
+    max_cached_requests: int = VLLM_DEFAULTS["max_cached_requests"]
+    max_spec_factor: float = VLLM_DEFAULTS["max_spec_factor"]
+    min_token_prob: float = VLLM_DEFAULTS["min_token_prob"]
+    cache: Any = field(init=False, repr=False)
+    _next_id: int = field(default=0, init=False, repr=False)
 
     name = "suffix"
 
     def __post_init__(self) -> None:
-        if not (1 <= self.max_match < self.max_depth):
-            raise ConfigError(
-                f"suffix: need 1 <= max_match ({self.max_match}) < max_depth ({self.max_depth})"
-            )
-        if not (0.0 <= self.min_prob <= 1.0) or self.spec_factor <= 0:
-            raise ConfigError("suffix: need 0 <= min_prob <= 1 and spec_factor > 0")
-        self.global_trie = CountTrie(self.max_depth)
+        # vLLM's own checks (SpeculativeConfig._validate_suffix_decoding)
+        if int(self.max_tree_depth) < 1:
+            raise ConfigError(f"suffix: max_tree_depth={self.max_tree_depth} must be >= 1")
+        if int(self.max_cached_requests) < 0:
+            raise ConfigError(f"suffix: max_cached_requests={self.max_cached_requests} must be >= 0")
+        if float(self.max_spec_factor) < 0:
+            raise ConfigError(f"suffix: max_spec_factor={self.max_spec_factor} must be >= 0")
+        if not 0.0 <= float(self.min_token_prob) <= 1.0:
+            raise ConfigError(f"suffix: min_token_prob={self.min_token_prob} must be in [0, 1]")
+        self.max_tree_depth = int(self.max_tree_depth)
+        self.max_cached_requests = int(self.max_cached_requests)
+        self.max_spec_factor = float(self.max_spec_factor)
+        self.min_token_prob = float(self.min_token_prob)
+        self.cache = _cache_class()(
+            max_tree_depth=self.max_tree_depth, max_cached_requests=self.max_cached_requests
+        )
 
-    # --- request lifecycle ------------------------------------------------------------------------
-    def start_request(self, prompt_ids: Iterable[int]) -> SuffixRequest:
-        req = SuffixRequest(local=CountTrie(self.max_depth))
-        self._feed(req, prompt_ids, is_output=False)
-        return req
+    def new_id(self) -> str:
+        """A request id not used before in this cache (for callers that have none)."""
+        self._next_id += 1
+        return f"speclab-suffix-{self._next_id}"
 
-    def extend(self, req: SuffixRequest, token_ids: Iterable[int]) -> None:
-        """Append tokens the target produced (they become part of the request's output)."""
-        self._feed(req, token_ids, is_output=True)
+    # --- vLLM's per-row step (SuffixDecodingProposer.propose) --------------------------------------------
+    def step(
+        self,
+        req_id: Hashable,
+        prompt: np.ndarray | Sequence[int],
+        sampled: Sequence[int],
+        tokens: np.ndarray,
+        k: int,
+        max_model_len: int | None = None,
+    ) -> list[int]:
+        """One row of one engine step: `sampled` are this step's new tokens (non-empty), `tokens` the
+        request's whole context including them (int32, contiguous). Returns the draft (0..k tokens)."""
+        n = len(tokens)
+        if max_model_len is not None and n >= max_model_len:
+            return []  # at the context limit: skipped before the cache sees this step's tokens
+        cache = self.cache
+        if req_id not in cache.active_requests:
+            if req_id in cache.cached_requests:
+                cache.evict_cached_response(req_id)
+            cache.start_request(req_id, _i32(prompt))
+        cache.add_active_response(req_id, _i32(sampled))
+        limit = k if max_model_len is None else min(k, max_model_len - n - 1)
+        pattern = tokens[max(0, n - self.max_tree_depth) : n]
+        draft = cache.speculate(
+            req_id,
+            pattern,
+            max_spec_tokens=limit,
+            max_spec_factor=self.max_spec_factor,
+            min_token_prob=self.min_token_prob,
+        )
+        return list(draft.token_ids)
 
-    def _feed(self, req: SuffixRequest, token_ids: Iterable[int], is_output: bool) -> None:
-        local, g = req.local, self.global_trie
-        for t in token_ids:
-            t = int(t)
-            req.lfront = local.append(req.lfront, t)
-            if self.use_global:
-                req.gfront = g.follow(req.gfront, t, self.max_match)
-            if is_output:
-                req.output.append(t)
+    def stop_missing(self, seen: Iterable[Hashable]) -> None:
+        """End of a step: stop every active request that was not in the batch (vLLM's order)."""
+        for req_id in list(self.cache.active_requests - set(seen)):
+            self.cache.stop_request(req_id)
 
-    def finish_request(self, req: SuffixRequest) -> None:
-        """Add the finished request's output to the global trie."""
-        if req.output:
-            self.remember(req.output)
-        req.output = []
+    def forget(self, req_id: Hashable) -> None:
+        """Drop a request's response from the global tree (and stop it if active)."""
+        if req_id in self.cache.active_requests:
+            self.cache.stop_request(req_id)
+        if req_id in self.cache.cached_requests:
+            self.cache.evict_cached_response(req_id)
 
-    def speculate(self, req: SuffixRequest, k: int) -> list[int]:
-        args = (self.max_match, k, self.min_prob, self.spec_factor)
-        toks, score, _ = req.local.speculate(req.lfront, *args)
-        if self.use_global and req.gfront:
-            gt, gs, _ = self.global_trie.speculate(req.gfront, *args)
-            if gs > score:
-                toks = gt
-        return toks
+    def remember(
+        self, prompt_ids: np.ndarray | Sequence[int], output_ids: np.ndarray | Sequence[int]
+    ) -> None:
+        """Run a request through the cache without speculating: its response enters the global tree."""
+        req_id = self.new_id()
+        self.cache.start_request(req_id, _i32(prompt_ids))
+        self.cache.add_active_response(req_id, _i32(output_ids))
+        self.cache.stop_request(req_id)
 
-    # --- replay -----------------------------------------------------------------------------------
-    def remember(self, output_ids: Iterable[int]) -> None:
-        """Add a finished output to the global trie."""
-        if self.use_global:
-            front: list[int] = []
-            for t in output_ids:
-                front = self.global_trie.append(front, int(t))
-
+    # --- per-position replay ------------------------------------------------------------------------------
     def replay(
-        self, prompt_ids: np.ndarray, output_ids: np.ndarray, k_max: int, remember: bool = True
+        self,
+        prompt_ids: np.ndarray | Sequence[int],
+        output_ids: np.ndarray | Sequence[int],
+        k_max: int,
+        keep: bool = True,
+        max_model_len: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Replay one request, then (if `remember`) add its output to the global trie, as live serving
-        would."""
-        out = [int(t) for t in np.asarray(output_ids).tolist()]
+        """Replay one request alone (as at batch 1) after the requests replayed before: the draft at every
+        position p (context prompt + output[:p]), then the request is stopped; its response stays in the
+        global tree if `keep`. Position 0 is prefill: its draft is the one the cache would make after the
+        prompt alone (the engine never proposes there)."""
+        prompt = _i32(prompt_ids)
+        out = _i32(output_ids)
         n = len(out)
+        full = np.concatenate([prompt, out])
+        plen = len(prompt)
         acc = np.ones(n, dtype=np.int32)
         nprop = np.zeros(n, dtype=np.int32)
-        req = self.start_request(np.asarray(prompt_ids).tolist())
+        if n == 0:
+            return acc, nprop
+        req_id = self.new_id()
+        cache = self.cache
+        cache.start_request(req_id, prompt)
+        outl = out.tolist()
+        depth = self.max_tree_depth
         for p in range(n):
-            d = self.speculate(req, k_max)
+            end = plen + p
+            if p:
+                cache.add_active_response(req_id, full[end - 1 : end])
+            if max_model_len is not None and end >= max_model_len:
+                continue
+            limit = k_max if max_model_len is None else min(k_max, max_model_len - end - 1)
+            d = cache.speculate(
+                req_id,
+                full[max(0, end - depth) : end],
+                max_spec_tokens=limit,
+                max_spec_factor=self.max_spec_factor,
+                min_token_prob=self.min_token_prob,
+            ).token_ids
             nprop[p] = len(d)
             a = 0
             for j, t in enumerate(d):
-                if p + j >= n or out[p + j] != t:
+                if p + j >= n or outl[p + j] != t:
                     break
                 a += 1
             acc[p] = a + 1
-            self.extend(req, (out[p],))
-        if remember:
-            self.finish_request(req)
+        cache.add_active_response(req_id, full[-1:])  # the last token is sampled too
+        cache.stop_request(req_id)
+        if not keep:
+            self.forget(req_id)
         return acc, nprop
+
+
+def _i32(ids: np.ndarray | Sequence[int]) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(ids, dtype=np.int32).reshape(-1))

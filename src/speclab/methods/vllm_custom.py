@@ -8,10 +8,11 @@ vLLM builds the class as `Cls(vllm_config)`, calls `load_model(target)` once and
 `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)`, expecting one list of
 0..K draft ids per running row. vLLM resets prompt_lookup_min/max to 0 for this method and takes no extra
 keys, so proposer options come from the environment variable SPECLAB_PROPOSER_OPTIONS (JSON), e.g.
-'{"min_n": 3, "max_n": 7}' (ngram) or '{"use_global": false, "max_match": 12}' (suffix).
+'{"min_n": 3, "max_n": 7}' (ngram) or '{"max_tree_depth": 24, "max_cached_requests": 0}' (suffix).
 
-The adapters call the same `propose`/`speculate` code the replay uses (speclab.methods.ngram/suffix), so a
-replayed trace and a live run cannot drift apart; `speclab trace crosscheck` checks it on real runs.
+The adapters call the same code the replay uses (speclab.methods.ngram `propose`, speclab.methods.suffix
+`SuffixSpeculator.step`, itself arctic-inference's cache as vLLM's built-in `suffix` runs it), so a replayed
+trace and a live run cannot drift apart; `speclab trace crosscheck` checks it on real runs.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ import numpy as np
 
 from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.methods.ngram import NgramProposer
-from speclab.methods.suffix import SuffixRequest, SuffixSpeculator
+from speclab.methods.suffix import SuffixSpeculator, suffix_options
 
 OPTIONS_ENV = "SPECLAB_PROPOSER_OPTIONS"
 
 
 def _options(method: str) -> dict[str, Any]:
     """Options for `method` from SPECLAB_PROPOSER_OPTIONS: either flat ({"min_n": 3}) or per method
-    ({"ngram": {"min_n": 3}, "suffix": {"max_match": 8}})."""
+    ({"ngram": {"min_n": 3}, "suffix": {"max_tree_depth": 16}})."""
     raw = os.environ.get(OPTIONS_ENV, "").strip()
     opts = json.loads(raw) if raw else {}
     if not isinstance(opts, dict):
@@ -109,18 +110,19 @@ def _ctx_key(ids: np.ndarray) -> bytes:
 
 
 class SpeclabSuffixProposer(_Base):
-    """speclab's suffix speculation. No request ids are passed to custom proposers and rows are compacted,
-    so each request's state is found by a hash of the context it had at the previous step. A state not
-    continued in a step is treated as finished (its output then enters the global trie). Defaults to
-    use_global=false: with a global trie, live results depend on the order requests finish in."""
+    """vLLM's suffix decoding (arctic-inference's cache, driven by SuffixSpeculator.step exactly as vLLM's
+    built-in `suffix` method drives it; options and defaults are its suffix_decoding_* fields, with or
+    without that prefix). No request ids are passed to custom proposers and rows are compacted, so each
+    request is recognised by a hash of the context it had at the previous step and given an id of its own;
+    a request not continued in a step is stopped, as the built-in stops requests that left the batch."""
 
     method = "suffix"
 
     def __init__(self, vllm_config: Any) -> None:
         super().__init__(vllm_config)
-        opts = {"use_global": False, **self.options}
-        self.spec = SuffixSpeculator(**opts)
-        self.states: dict[bytes, SuffixRequest] = {}
+        self.spec = SuffixSpeculator(**suffix_options(self.options, strict=True))
+        # context hash after the last step -> request ids (a list: replicated copies share contexts)
+        self.ids: dict[bytes, list[str]] = {}
 
     def propose(
         self,
@@ -131,26 +133,21 @@ class SpeclabSuffixProposer(_Base):
         **_: Any,
     ) -> list[list[int]]:
         out: list[list[int]] = []
-        new_states: dict[bytes, SuffixRequest] = {}
+        ids: dict[bytes, list[str]] = {}
+        seen: list[str] = []
         for i, sampled in enumerate(sampled_token_ids):
             n = int(num_tokens_no_spec[i])
             m = len(sampled)
             if not m:
-                out.append([])
+                out.append([])  # partial prefill (not started yet, as in the built-in)
                 continue
-            row = token_ids_cpu[i, :n]
-            st = self.states.pop(_ctx_key(row[: n - m]), None)
-            if st is None:
-                # first step after prefill: the prompt is everything before this step's tokens
-                st = self.spec.start_request(row[: n - m].tolist())
-            self.spec.extend(st, [int(t) for t in sampled])
-            new_states[_ctx_key(row)] = st
-            if n >= self.max_model_len:
-                out.append([])
-                continue
-            k = min(self.k, self.max_model_len - n)
-            out.append(self.spec.speculate(st, k))
-        for st in self.states.values():  # not continued: finished
-            self.spec.finish_request(st)
-        self.states = new_states
+            row = np.ascontiguousarray(token_ids_cpu[i, :n], dtype=np.int32)
+            prev = self.ids.get(_ctx_key(row[: n - m]))
+            # no earlier context: the first step after prefill (the prompt is all before this step's tokens)
+            rid = prev.pop(0) if prev else self.spec.new_id()
+            ids.setdefault(_ctx_key(row), []).append(rid)
+            seen.append(rid)
+            out.append(self.spec.step(rid, row[: n - m], sampled, row, self.k, self.max_model_len))
+        self.spec.stop_missing(seen)
+        self.ids = ids
         return out

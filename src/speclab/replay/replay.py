@@ -3,11 +3,14 @@
 Every method is replayed by the proposer class that also runs live (speclab.methods), so a replayed trace
 says what an engine using that proposer would have proposed and accepted at each position.
 
-Record order matters for suffix speculation: its global trie holds the outputs of the requests replayed
-before, per workload, in store order (of each prompt's first appearance). Records sharing a prompt (bench
-stores repeat a request across cells) are replayed together against the same global trie, and only the
-first one's output is added afterwards, so copies of one request never inflate each other's acceptance.
-A record whose (workload, prompt, output) was already replayed reuses the earlier result.
+Record order matters for suffix decoding: like vLLM's built-in `suffix` method (the same arctic-inference
+cache, speclab.methods.suffix), its global tree holds the responses of the requests run before, per
+workload, in store order (of each prompt's first appearance), as an engine running the workload at batch
+1 would; a request also sees its own response so far, as in the engine. Records sharing a prompt (bench
+stores repeat a request across cells) are replayed against the same global tree, and only the first one's
+response stays in it, so copies of one request never inflate each other's acceptance. A record whose
+(workload, prompt, output) was already replayed reuses the earlier result. To reproduce what an engine
+proposed in a given run (batching, earlier cells, warmup) see speclab.replay.engine_sim.
 """
 
 from __future__ import annotations
@@ -82,7 +85,6 @@ def replay_records(
             continue
         groups.setdefault((rec.workload, _prompt_key(rec)), []).append(i)
     order = [i for g in groups.values() for i in g]
-    last_of_group = {g[-1]: g[0] for g in groups.values()}
     it = progress(order) if progress else order
     for i in it:
         rec = records[i]
@@ -92,14 +94,10 @@ def replay_records(
             pk = (m, rec.workload if m == "suffix" else "")
             if pk not in proposers:
                 proposers[pk] = make_proposer(m, **options.get(m, {}))
+            if m == "suffix" and i == groups[(rec.workload, _prompt_key(rec))][0]:
+                _suffix_group(proposers[pk], records, groups[(rec.workload, _prompt_key(rec))], k_max, cache)
             if ck not in cache:
-                prop = proposers[pk]
-                if m == "suffix":
-                    acc, nprop = prop.replay(
-                        rec.prompt_token_ids, rec.output_token_ids, k_max, remember=False
-                    )
-                else:
-                    acc, nprop = prop.replay(rec.prompt_token_ids, rec.output_token_ids, k_max)
+                acc, nprop = proposers[pk].replay(rec.prompt_token_ids, rec.output_token_ids, k_max)
                 cache[ck] = (np.asarray(acc, np.int32), np.asarray(nprop, np.int32))
             acc, nprop = cache[ck]
             old = rec.methods.get(m)
@@ -115,9 +113,26 @@ def replay_records(
             **rec.meta.get("replay", {}),
             **{m: {"k_max": k_max, "options": _jsonable(options.get(m, {}))} for m in methods},
         }
-        if i in last_of_group and "suffix" in methods:
-            proposers[("suffix", rec.workload)].remember(records[last_of_group[i]].output_token_ids)
     return records
+
+
+def _suffix_group(
+    spec: Any, records: list[RequestTrace], group: list[int], k_max: int,
+    cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]],
+) -> None:  # fmt: skip
+    """Replay the records of one prompt against the same global tree: the variants first, each forgotten
+    after, then the first record, whose response stays."""
+    first = records[group[0]]
+    for i in group[1:]:
+        ck = ("suffix", _key(records[i]))
+        if ck not in cache:
+            rec = records[i]
+            cache[ck] = spec.replay(rec.prompt_token_ids, rec.output_token_ids, k_max, keep=False)
+    ck = ("suffix", _key(first))
+    if ck in cache:
+        spec.remember(first.prompt_token_ids, first.output_token_ids)
+    else:
+        cache[ck] = spec.replay(first.prompt_token_ids, first.output_token_ids, k_max, keep=True)
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:

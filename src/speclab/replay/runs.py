@@ -1,4 +1,9 @@
-"""Map a bench run's observed methods to the speclab proposer (and options) that replays them."""
+"""Map a bench run's observed methods to the speclab proposer (and options) that replays them.
+
+Stateless proposers (n-gram, draft model) are replayed request by request. Suffix decoding (vLLM's built-in
+`suffix` and speclab's `custom:SpeclabSuffixProposer`, the same arctic-inference cache) is replayed by
+re-enacting each engine of the run (speclab.replay.engine_sim): its global tree depends on every request
+the engine ran before and beside the one checked."""
 
 from __future__ import annotations
 
@@ -10,7 +15,12 @@ import numpy as np
 
 from speclab.bench.results import ResultsStore, effective_options
 from speclab.methods import make_proposer
+from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N
+from speclab.methods.suffix import SuffixSpeculator, suffix_options
 from speclab.traces import RequestTrace
+
+SUFFIX_METHODS = ("suffix", "custom:SpeclabSuffixProposer")
+OLD_TRIE_OPTIONS = ("max_depth", "max_match", "min_prob", "spec_factor", "use_global")
 
 
 def replay_spec(
@@ -23,19 +33,15 @@ def replay_spec(
         hi = engine_options.get("prompt_lookup_max", engine_options.get("max_n"))
         if lo is None and hi is None:
             # what the engine used: vLLM's built-in defaults to 5/5; speclab's adapter to 3/7
-            lo, hi = (5, 5) if method == "ngram" else (3, 7)
+            lo, hi = (5, 5) if method == "ngram" else (NGRAM_MIN_N, NGRAM_MAX_N)
         lo = hi if lo is None else lo  # vLLM fills a missing bound from the other one
         hi = lo if hi is None else hi
         return "ngram", {"min_n": int(lo), "max_n": int(hi), "max_model_len": cli.get("max_model_len")}
-    if method == "custom:SpeclabSuffixProposer":
-        opts = {"use_global": False}
-        opts.update({k: v for k, v in engine_options.items() if k in ("max_depth", "max_match", "min_prob",
-                                                                       "spec_factor", "use_global")})  # fmt: skip
-        return "suffix", opts
-    if method == "suffix":
-        return (
-            "vLLM's suffix method is arctic-inference's algorithm, not speclab's suffix trie: not comparable"
-        )
+    if method in SUFFIX_METHODS:
+        # replayed per engine, not per request (make_run_replay_fn); these are its options
+        if method != "suffix" and any(k in engine_options for k in OLD_TRIE_OPTIONS):
+            return "made with speclab's former Python suffix trie (options max_match/use_global/...): not replayable"
+        return "suffix", suffix_options(engine_options)
     if method == "draft_model":
         model = engine_options.get("model") or cli.get("draft_model")
         if not model:
@@ -58,14 +64,23 @@ def make_run_replay_fn(run: Path, cli: dict[str, Any]):
     """A replay_fn for crosscheck_records, plus {method: reason} for methods it cannot replay.
 
     The method options and max_model_len come from the record's meta["observed"] where the bench recorded
-    them; for older runs, the options come from the cell's row in results.jsonl and max_model_len from cli."""
+    them; for older runs, the options come from the cell's row in results.jsonl and max_model_len from cli.
+    Suffix methods come from re-enacting the run's engines (RUN/engines/*/attempt-*)."""
     rows: dict[str, dict[str, Any]] | None = None  # results.jsonl, read only if a record needs it
     proposers: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+    engine: dict[tuple[str, str, int], tuple[np.ndarray, np.ndarray]] | None = None
 
     def fn(rec: RequestTrace, method: str, k: int, observed: dict[str, Any]):
-        nonlocal rows
+        nonlocal rows, engine
+        if method in SUFFIX_METHODS:
+            if engine is None:
+                engine = _replay_engines(Path(run), cli, skipped)
+            got = engine.get((str(rec.meta.get("cell_id")), str(rec.meta.get("prompt_id", rec.id)), 0))
+            if got is None:
+                skipped.setdefault(method, "no engine record of this request (RUN/engines/*/job.json)")
+            return got
         if "options" in observed:
             eopts = dict(observed["options"] or {})
         else:
@@ -88,3 +103,37 @@ def make_run_replay_fn(run: Path, cli: dict[str, Any]):
         return cache[ck]
 
     return fn, skipped
+
+
+def _replay_engines(
+    run: Path, cli: dict[str, Any], skipped: dict[str, str]
+) -> dict[tuple[str, str, int], tuple[np.ndarray, np.ndarray]]:
+    """Re-enact every suffix engine of the run: {(cell_id, prompt_id, copy): (acc_len, num_proposed)}."""
+    from speclab.replay.engine_sim import attempt_dirs, per_position, replay_attempt
+
+    name = "suffix"
+
+    def make_spec(method: str, options: dict[str, Any], k: int | None):
+        nonlocal name
+        if method == "suffix":
+            name = "suffix"
+        elif method == "custom_class" and str(options.get("model", "")).endswith(".SpeclabSuffixProposer"):
+            name = "custom:SpeclabSuffixProposer"
+            options = effective_options(method, options)
+        else:
+            return "not a suffix engine"
+        spec = replay_spec(name, options, cli)
+        if isinstance(spec, str):
+            skipped[name] = spec
+            return spec
+        return SuffixSpeculator(**spec[1]), int(k or 0)
+
+    out: dict[tuple[str, str, int], tuple[np.ndarray, np.ndarray]] = {}
+    for ad in attempt_dirs(run):
+        got = replay_attempt(ad, make_spec)
+        if isinstance(got, str):
+            if got != "not a suffix engine":
+                skipped.setdefault(name, f"{ad.parent.name}: {got}")
+            continue
+        out.update({key: per_position(req) for key, req in got.items()})
+    return out
