@@ -9,6 +9,7 @@ import sys
 import click
 
 from speclab.atomic import atomic_write_text
+from speclab.cli import batch_size_list
 
 
 @click.command(name="analyze")
@@ -17,9 +18,19 @@ from speclab.atomic import atomic_write_text
 @click.option("--cost-model", default=None, help="Named cost model (default: fitted from RUN/timings.csv).")
 @click.option("--batch-sizes", default=None, help="Comma list for the simulated oracle (default: the run's).")
 @click.option(
-    "--max-requests", default=200, show_default=True, help="Requests sampled per workload to simulate."
+    "--max-requests",
+    type=click.IntRange(min=1),
+    default=200,
+    show_default=True,
+    help="Requests sampled per workload to simulate.",
 )
-@click.option("--bins", default=10, show_default=True, help="Normalised position bins.")
+@click.option(
+    "--bins",
+    type=click.IntRange(min=1, max=10_000),
+    default=10,
+    show_default=True,
+    help="Normalised position bins.",
+)
 @click.option("--no-oracle", is_flag=True, help="Skip the simulated oracle gap.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of tables.")
 @click.option(
@@ -43,16 +54,8 @@ def command(
     n-gram advantage over model drafters, and measured vs simulated oracle speedup per batch size.
     """
     from speclab.analyze import analyze, format_tables
-    from speclab.errors import ConfigError
 
-    sizes = None
-    if batch_sizes:
-        try:
-            sizes = [int(x) for x in batch_sizes.split(",") if x.strip()]
-        except ValueError:
-            raise ConfigError(
-                f"--batch-sizes: expected a comma list of integers, got {batch_sizes!r}"
-            ) from None
+    sizes = batch_size_list(batch_sizes) if batch_sizes else None
     result = analyze(
         traces,
         run=run,

@@ -11,7 +11,7 @@ import numpy as np
 from speclab.costmodel import CostModel, get_cost_model
 from speclab.errors import ConfigError
 from speclab.simulate import fast
-from speclab.simulate.policies import Policy, make_policy
+from speclab.simulate.policies import Policy, check_k_within_traces, make_policy
 from speclab.simulate.study import STUDY_NUM_REQUESTS, match_p_for, study_sample
 from speclab.traces.model import RequestTrace
 
@@ -86,6 +86,9 @@ def resolve_inputs(
         raise ConfigError(f"batch sizes must be integers >= 1, got {batch_sizes!r}")
     if not policies:
         raise ConfigError("no policy given")
+    sw = opts.get("switch_overhead")
+    if sw is not None and (isinstance(sw, bool) or not isinstance(sw, int | float) or not 0 <= sw <= 1e3):
+        raise ConfigError(f"switch overhead must be a finite number of seconds in 0..1000, got {sw!r}")
     if opts.get("linear_draft_kv", "batch") not in ("batch", "request"):
         raise ConfigError(f"linear_draft_kv {opts['linear_draft_kv']!r}: use batch or request")
     notes: list[str] = []
@@ -143,6 +146,7 @@ def simulate(
     methods = {m for p in pols for m in p.methods}
     ta = fast.prepare(traces, methods)
     notes += ta.notes
+    notes += check_k_within_traces(pols, ta.k_max)
     heur = opts.get("ngram_miss_heuristic")
     match_p = None
     needs = any("ngram" in p.methods and p.heuristic_ok for p in pols) and "ngram" in ta.nprop
