@@ -261,7 +261,11 @@ def write_store(path: str | os.PathLike[str], records: Iterable[RequestTrace]) -
                 # leaves it as .NAME.old-* beside the store (named in the "not found" error)
                 old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
                 os.rename(path, old)
-                os.rename(new, path)
+                try:
+                    os.rename(new, path)
+                except BaseException:
+                    os.rename(old, path)
+                    raise
                 shutil.rmtree(old)
         finally:
             if new.exists():
