@@ -343,3 +343,26 @@ def test_usage_errors_and_unexpected_errors_are_one_line(data, monkeypatch):
         res.code == 1 and "Traceback" in res.err and res.err_lines[-1].startswith("speclab: error: internal")
     )
     assert study_line("x", 2)  # helper importable (used by the kill tests too)
+
+
+def test_wrong_contents_in_a_parquet_part_and_run_dir_as_store(data, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bad = tmp_path / "weird"
+    bad.mkdir()
+    cols = {n: pa.array([None], pa.string()) for n in SCHEMA.names}
+    cols["id"] = pa.array(["a"])
+    cols["prompt_len"] = pa.array([None], pa.int32())  # right name, no value
+    pq.write_table(pa.table(cols), bad / "part-1.parquet")
+    assert "not a valid speclab trace part" in error(cli("traces", "validate", bad))
+    run = tmp_path / "run"
+    (run / "traces").mkdir(parents=True)
+    assert "its store is" in error(cli("simulate", "--traces", run, "--policy", "none"))
+
+
+def test_replay_k_max_bounded(tmp_path):
+    res = cli(
+        "trace", "--from", tmp_path, "--methods", "ngram", "--k-max", "100000000000", "--out", tmp_path / "x"
+    )
+    assert "--k-max must be in 1..65536" in error(res)

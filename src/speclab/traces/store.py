@@ -311,7 +311,12 @@ def iter_store_files(path: str | os.PathLike[str]) -> Iterator[Path]:
     if path.is_dir():
         parts = _part_files(path)
         if not parts:
-            raise TraceError(f"{path}: trace store directory has no part-*.parquet files")
+            hint = (
+                f" (a bench run directory? its store is {path / 'traces'})"
+                if (path / "traces").is_dir()
+                else ""
+            )
+            raise TraceError(f"{path}: trace store directory has no part-*.parquet files{hint}")
         yield from parts
     else:
         yield path
@@ -325,7 +330,11 @@ def read_store(path: str | os.PathLike[str], validate: bool = True) -> list[Requ
             table = pq.read_table(f)
         except (pa.ArrowInvalid, OSError) as exc:
             raise TraceError(f"{f}: cannot read as Parquet (truncated or not a trace file): {exc}") from None
-        records.extend(table_to_records(table, str(f), validate=validate))
+        try:
+            records.extend(table_to_records(table, str(f), validate=validate))
+        except (TypeError, ValueError, KeyError, OverflowError, AttributeError) as exc:
+            # right column names, wrong contents (nulls, strings, bad meta JSON): one line, not a traceback
+            raise TraceError(f"{f}: not a valid speclab trace part ({type(exc).__name__}: {exc})") from None
     return records
 
 
