@@ -10,6 +10,7 @@ unexpected error (a bug) exits 1 and names how to see its traceback: `speclab --
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -145,9 +146,10 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
     except BrokenPipeError:
-        # `speclab ... | head`: the reader went away; nothing more to say
-        sys.stderr.close()
-        sys.exit(0)
+        # `speclab ... | head`: the reader went away; nothing more to say (and no error at interpreter exit)
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     except UnicodeDecodeError as exc:
         if _debug():
             traceback.print_exc()
