@@ -62,7 +62,7 @@ def test_sigkill_during_force_import_leaves_old_or_new(tmp_path):
     src = write_study(tmp_path / "new.jsonl", new_ids, n=30)
     old = make_old(store)
     rng = random.Random(1234)
-    seen = {"old": 0, "new": 0}
+    seen = {"old": 0, "new": 0, "during replace": 0}
     for i in range(KILLS):
         proc = cli_subprocess(
             "traces", "import", "--format", "specdecode-bench", src, "--out", store, "--force"
@@ -77,6 +77,7 @@ def test_sigkill_during_force_import_leaves_old_or_new(tmp_path):
             time.sleep(rng.uniform(0.0, 0.2))
         proc.kill()
         proc.communicate()
+        seen["during replace"] += bool(list(tmp_path.glob(".store.new-*")))  # killed mid-way: leftovers
         now = ids(store)
         assert now in (old, set(new_ids)), f"kill {i}: store has {len(now)} records, neither old nor new"
         seen["old" if now == old else "new"] += 1
