@@ -366,3 +366,21 @@ def test_replay_k_max_bounded(tmp_path):
         "trace", "--from", tmp_path, "--methods", "ngram", "--k-max", "100000000000", "--out", tmp_path / "x"
     )
     assert "--k-max must be in 1..65536" in error(res)
+
+
+def test_special_files_are_written_through_not_replaced(data):
+    import stat
+
+    res = cli("traces", "export", data / "store", "--out", os.devnull)
+    assert res.code == 0, res.err
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)  # still the device, not a file renamed onto it
+
+
+def test_fit_refuses_absurd_timings(tmp_path):
+    csv = tmp_path / "t.csv"
+    csv.write_text(
+        "kind,kv_tokens,batched_tokens,num_spec_tokens,num_requests,seconds\n"
+        + "".join(f"target,1e308,{i},0,1,1e308\n" for i in range(1, 5))
+    )
+    assert "0..1e+12" in error(cli("cost-models", "fit", csv, "--out", tmp_path / "m.toml"))
+    assert not (tmp_path / "m.toml").exists()

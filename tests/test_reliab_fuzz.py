@@ -307,3 +307,28 @@ def test_fuzz_policy_parser(spec, batching):
     for r in res:
         assert math.isfinite(r.speedup) and r.speedup > 0
         assert all(math.isfinite(v) and v >= 0 for v in r.time_split_s.values())
+
+
+# --- the timings CSV behind `cost-models fit` -------------------------------------------------------------------
+CSV_CELL = st.one_of(
+    st.integers(0, 5000).map(str), st.floats(0, 1e-2).map(repr), WILD_SCALAR.map(str), st.just("")
+)
+CSV_ROW = st.tuples(
+    st.sampled_from(["target", "target", "overhead", "draft:ngram", "draft:eagle", "draft:", "x"]),
+    *[CSV_CELL] * 5,
+).map(",".join)
+
+
+@FUZZ
+@given(rows=st.lists(CSV_ROW, max_size=12), form=st.sampled_from(["linear", "chained"]))
+def test_fuzz_cost_model_fit(rows, form):
+    with tempfile.TemporaryDirectory() as d:
+        csv = Path(d) / "t.csv"
+        csv.write_text(
+            "kind,kv_tokens,batched_tokens,num_spec_tokens,num_requests,seconds\n" + "\n".join(rows)
+        )
+        res = cli("cost-models", "fit", csv, "--out", Path(d) / "m.toml", "--draft-form", form)
+        finish(res)
+        if res.code == 0:  # what fit wrote loads back and simulates to finite figures
+            CostModel.from_toml((Path(d) / "m.toml").read_text(), "m.toml")
+            assert "nan" not in res.out.lower()

@@ -18,6 +18,9 @@ from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
 
 COLUMNS = ("kind", "kv_tokens", "batched_tokens", "num_spec_tokens", "num_requests", "seconds")
+# Largest value in a timings row: far above any token count or step time, small enough that squares and
+# sums in the fit stay finite.
+MAX_VALUE = 1e12
 # Lookup proposers whose cost the study models as a fraction of the verify time.
 LOOKUP_METHODS = ("ngram", "suffix")
 
@@ -60,9 +63,10 @@ def _read_rows(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
                     v = float(raw) if raw else 0.0
                 except ValueError:
                     raise ConfigError(f"{path}: line {lineno}: field {c}: not a number: {raw!r}") from None
-                if not math.isfinite(v) or v < 0:
+                if not math.isfinite(v) or not 0 <= v <= MAX_VALUE:
                     raise ConfigError(
-                        f"{path}: line {lineno}: field {c}: must be a finite number >= 0, got {raw!r}"
+                        f"{path}: line {lineno}: field {c}: must be a finite number in 0..{MAX_VALUE:g}, "
+                        f"got {raw!r}"
                     )
                 vals.append(v)
             by_kind.setdefault(kind, []).append(vals)
