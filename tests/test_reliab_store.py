@@ -192,3 +192,28 @@ def test_int16_store_of_schema_1_still_reads(tmp_path):
     (r,) = read_store(tmp_path / "old.parquet")
     assert r.methods["ngram"].acc_len.tolist() == [1, 5, 2]
     assert np.array_equal(r.methods["ngram"].num_proposed, [0, 4, 4])
+
+
+def test_readers_during_replaces_see_old_or_new(tmp_path):
+    import threading
+
+    store = tmp_path / "store"
+    sets = [[rec(f"a{i}") for i in range(40)], [rec(f"b{i}") for i in range(60)]]
+    write_store(store, sets[0])
+    want = [{r.id for r in s} for s in sets]
+    stop = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            write_store(store, sets[i % 2])
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        for _ in range(200):
+            assert ids(store) in want
+    finally:
+        stop.set()
+        t.join()

@@ -323,12 +323,36 @@ def iter_store_files(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 def read_store(path: str | os.PathLike[str], validate: bool = True) -> list[RequestTrace]:
-    """Read every record of a store (file or directory)."""
+    """Read every record of a store (file or directory). Readers take no lock: a part that vanishes while
+    reading (a writer swapped the store in) makes the read start again on the new store."""
+    for _ in range(4):
+        try:
+            return _read_parts(path, validate)
+        except _PartVanished:
+            continue
+    raise TraceError(f"{path}: the store kept changing while being read; try again")
+
+
+class _PartVanished(Exception):
+    pass
+
+
+def _read_parts(path: str | os.PathLike[str], validate: bool) -> list[RequestTrace]:
     records: list[RequestTrace] = []
-    for f in iter_store_files(path):
+    try:
+        files = list(iter_store_files(path))
+    except TraceError:
+        if store_exists(path):  # listed the old directory while it was being removed
+            raise _PartVanished from None
+        raise
+    for f in files:
         try:
             table = pq.read_table(f)
+        except FileNotFoundError:
+            raise _PartVanished from None
         except (pa.ArrowInvalid, OSError) as exc:
+            if not f.exists():
+                raise _PartVanished from None
             raise TraceError(f"{f}: cannot read as Parquet (truncated or not a trace file): {exc}") from None
         try:
             records.extend(table_to_records(table, str(f), validate=validate))
