@@ -384,3 +384,9 @@ def test_fit_refuses_absurd_timings(tmp_path):
     )
     assert "0..1e+12" in error(cli("cost-models", "fit", csv, "--out", tmp_path / "m.toml"))
     assert not (tmp_path / "m.toml").exists()
+
+
+def test_no_command_prints_the_help():
+    for argv in ((), ("traces",)):
+        res = cli(*argv)
+        assert res.code == 2 and res.err.startswith("Usage: ") and "speclab: error" not in res.err

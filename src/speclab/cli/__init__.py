@@ -104,6 +104,10 @@ def cli() -> None:
     """speclab: the truth about speculative decoding on your deployment."""
 
 
+# click >= 8.2 raises this (a UsageError whose message is the whole help) for a group given no command
+_NO_ARGS_IS_HELP: type = getattr(click.exceptions, "NoArgsIsHelpError", ())  # type: ignore[assignment]
+
+
 def _debug() -> bool:
     return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
 
@@ -135,6 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:  # --help / --version inside a subcommand
         sys.exit(exc.exit_code)
     except click.UsageError as exc:
+        if isinstance(exc, _NO_ARGS_IS_HELP) and exc.ctx is not None:  # `speclab`, `speclab traces`: the help
+            click.echo(exc.ctx.get_help(), err=True)
+            sys.exit(2)
         where = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
         hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
         _fail(f"{where}{exc.format_message()}{hint}", 2)
