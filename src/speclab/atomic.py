@@ -13,6 +13,11 @@ from pathlib import Path
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside `target`; on success it is renamed onto `target`, else removed."""
     target = Path(target)
+    if target.exists() and not target.is_file() and not target.is_dir():
+        # a device or pipe (--out /dev/null, /dev/stdout): write through; renaming a file onto it would
+        # replace the device node itself (as root), and there is nothing to make atomic
+        yield target
+        return
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)

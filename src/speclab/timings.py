@@ -20,6 +20,10 @@ from pathlib import Path
 
 from speclab.errors import ConfigError
 
+# Largest value in a timings row: far above any token count or step time, small enough that squares and sums
+# in the fit stay finite.
+MAX_VALUE = 1e12
+
 COLUMNS: tuple[str, ...] = (
     "kind",
     "kv_tokens",
@@ -56,8 +60,12 @@ def read_timings(path: str | os.PathLike[str], *, strict: bool = True) -> list[T
     file, possibly cut short by a kill): a torn last line, bad lines and a file without the header are
     skipped."""
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8") as f:
             text = f.read()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); binary file?"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read timings CSV ({exc.strerror})") from None
     if not strict and not text.endswith("\n"):
@@ -100,9 +108,9 @@ def _row(raw: list[str], index: list[int], header: list[str], lineno: int, path:
             v = float(field) if field else 0.0
         except ValueError:
             raise ConfigError(f"{path}: line {lineno}: field {name}: not a number: {field!r}") from None
-        if not math.isfinite(v) or v < 0:
+        if not math.isfinite(v) or not 0 <= v <= MAX_VALUE:
             raise ConfigError(
-                f"{path}: line {lineno}: field {name}: must be a finite number >= 0, got {field!r}"
+                f"{path}: line {lineno}: field {name}: must be a finite number in 0..{MAX_VALUE:g}, got {field!r}"
             )
         vals.append(v)
     return TimingsRow(kind=kind, values=tuple(vals), fields=tuple(fields))

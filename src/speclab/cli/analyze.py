@@ -9,7 +9,7 @@ import sys
 import click
 
 from speclab.atomic import atomic_write_text
-from speclab.cli import int_list
+from speclab.cli import batch_size_list
 
 
 @click.command(name="analyze")
@@ -18,9 +18,19 @@ from speclab.cli import int_list
 @click.option("--cost-model", default=None, help="Named cost model (default: fitted from RUN/timings.csv).")
 @click.option("--batch-sizes", default=None, help="Comma list for the simulated oracle (default: the run's).")
 @click.option(
-    "--max-requests", default=200, show_default=True, help="Requests sampled per workload to simulate."
+    "--max-requests",
+    type=click.IntRange(min=1),
+    default=200,
+    show_default=True,
+    help="Requests sampled per workload to simulate.",
 )
-@click.option("--bins", default=10, show_default=True, help="Normalised position bins.")
+@click.option(
+    "--bins",
+    type=click.IntRange(min=1, max=10_000),
+    default=10,
+    show_default=True,
+    help="Normalised position bins.",
+)
 @click.option("--no-oracle", is_flag=True, help="Skip the simulated oracle gap.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of tables.")
 @click.option(
@@ -45,7 +55,7 @@ def command(
     """
     from speclab.analyze import analyze, format_tables
 
-    sizes = int_list(batch_sizes or None, "--batch-sizes")
+    sizes = batch_size_list(batch_sizes) if batch_sizes else None
     result = analyze(
         traces,
         run=run,

@@ -8,12 +8,15 @@ speclab bench presets                     list sweep presets
 
 from __future__ import annotations
 
+import fnmatch
+import math
 import shlex
 import sys
+from pathlib import Path
 
 import click
 
-from speclab.cli import int_list
+from speclab.cli import batch_size_list
 from speclab.errors import ConfigError
 
 _SUBCOMMANDS = ("run", "show", "presets")
@@ -97,10 +100,12 @@ def run_cmd(
         raise ConfigError("give a sweep file (speclab bench SWEEP.toml) or --preset NAME")
     if sweep is not None and preset is not None:
         raise ConfigError("give either a sweep file or --preset, not both")
+    if cell_timeout is not None and not (math.isfinite(cell_timeout) and cell_timeout > 0):
+        raise ConfigError(f"--cell-timeout {cell_timeout}: need a number of seconds > 0")
     overrides = {
         "num_prompts": num_prompts,
         "max_tokens": max_tokens,
-        "batch_sizes": int_list(batch_sizes, "--batch-sizes"),
+        "batch_sizes": batch_size_list(batch_sizes, "--batch-sizes"),
         "workloads": _str_list(workloads),
         "batching": ["replicate", "continuous"] if batching == "both" else batching,
         "engine.enforce_eager": enforce_eager,
@@ -108,6 +113,7 @@ def run_cmd(
     spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods))
     run_dir = out or f"runs/{spec.name}"
     cells = expand_cells(spec)
+    _check_run_dir(run_dir, text, [c.cell_id for c in cells], redo)
     # the machine checks (workloads, models, drafter tokenizers): one line on failure, before any model loads
     provider = default_prompt_provider(spec)
     if dry_run:
@@ -143,6 +149,19 @@ def run_cmd(
     )
     if outcome.failed:
         sys.exit(1)
+
+
+def _check_run_dir(run_dir: str, text: str | None, cell_ids: list[str], redo: tuple[str, ...]) -> None:
+    """Checks that need nothing but the sweep, done before the run directory is created or touched."""
+    for g in redo:
+        if not any(fnmatch.fnmatch(c, g) for c in cell_ids):
+            raise ConfigError(f"--redo {g!r}: matches no cell of this sweep (see --dry-run for the cell ids)")
+    old = Path(run_dir) / "sweep.toml"
+    if text is not None and old.is_file() and old.read_text(encoding="utf-8", errors="replace") != text:
+        raise ConfigError(
+            f"{run_dir}: holds a run of a different sweep ({old} differs); give a new --out "
+            "(resuming needs the same sweep file)"
+        )
 
 
 @command.command("show")

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from speclab.cli import int_list
+from speclab.cli import batch_size_list
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -62,7 +62,7 @@ def command(
     overrides = {
         "num_prompts": num_prompts,
         "max_tokens": max_tokens,
-        "batch_sizes": int_list(batch_sizes, "--batch-sizes"),
+        "batch_sizes": batch_size_list(batch_sizes, "--batch-sizes"),
         "workloads": [w.strip() for w in workloads.split(",") if w.strip()] if workloads else None,
         "engine.enforce_eager": enforce_eager,
     }

@@ -34,7 +34,16 @@ def command(
     memory, acceptance histograms and position curves, overlap vs n-gram advantage, oracle gap, and the
     commands and configuration behind the data. Missing inputs get a labelled section.
     """
+    from speclab.errors import ConfigError
     from speclab.report import build_report
 
+    if analysis:
+        try:  # a binary or non-UTF-8 file: one line naming it, not a decode error deep in the report
+            with open(analysis, encoding="utf-8") as fh:
+                fh.read()
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"--analysis {analysis}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+            ) from None
     path = build_report(out, run=run, traces=traces, analysis=analysis, title=title, cost_model=cost_model)
     click.echo(f"report written to {path}")

@@ -5,11 +5,15 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+from pathlib import Path
 
 import click
 
-from speclab.cli import int_list
+from speclab.cli import batch_size_list
 from speclab.errors import ConfigError
+
+PLOT_FORMATS = (".png", ".svg", ".pdf")
 
 CSV_FIELDS = [
     "batch_size",
@@ -48,19 +52,31 @@ def _rows(results: list) -> list[dict]:
 
 
 def _parse_sizes(s: str) -> list[int]:
-    sizes = int_list(s, "--batch-sizes") or []
-    if not sizes or min(sizes) < 1:
-        raise ConfigError(f"--batch-sizes {s!r}: need integers >= 1")
-    return sizes
+    return batch_size_list(s, "--batch-sizes") or []
 
 
 def _heuristic(v: str | None) -> str | float | None:
     if v is None:
         return None
     try:
-        return float(v)
+        p = float(v)
     except ValueError:
         return v
+    if not 0 <= p <= 1:  # NaN fails too
+        raise ConfigError(f"--ngram-miss-heuristic {v!r}: a probability must be in 0..1")
+    return p
+
+
+def _unique_stores(stores: tuple[str, ...]) -> list[str]:
+    """The stores, each once: the same store given twice would count every request twice."""
+    out: dict[Path, str] = {}
+    for s in stores:
+        key = Path(s).resolve()
+        if key in out:
+            click.echo(f"note: --traces {s}: same store as {out[key]}; read once", err=True)
+            continue
+        out[key] = s
+    return list(out.values())
 
 
 def _plot(results: list, path: str, title: str) -> None:
@@ -87,7 +103,7 @@ def _plot(results: list, path: str, title: str) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
+        fig.savefig(tmp, format=Path(path).suffix.lower()[1:], dpi=120)
     plt.close(fig)
 
 
@@ -171,7 +187,13 @@ def _continuous_cols(r, measure: str) -> str:
 @click.option(
     "--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="Also write rows as CSV."
 )
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Speedup PNG.")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Speedup plot; the format from the suffix: .png, .svg or .pdf.",
+)
 @click.option("--list-policies", is_flag=True, help="Print the registered policy names, one per line.")
 def command(
     stores: tuple[str, ...],
@@ -212,8 +234,15 @@ def command(
         raise ConfigError("--traces STORE is required")
     if not policies:
         raise ConfigError("give at least one --policy (see --list-policies)")
+    sizes = _parse_sizes(batch_sizes)
+    heuristic = _heuristic(ngram_miss_heuristic)
+    if switch_overhead is not None and not (math.isfinite(switch_overhead) and 0 <= switch_overhead <= 1e3):
+        raise ConfigError(f"--switch-overhead {switch_overhead}: need a finite number of seconds in 0..1000")
+    if plot_path and Path(plot_path).suffix.lower() not in PLOT_FORMATS:
+        raise ConfigError(f"--plot {plot_path}: the name must end in {', '.join(PLOT_FORMATS)} (the format)")
     from speclab.traces import read_store
 
+    stores = tuple(_unique_stores(stores))
     traces = [r for s in stores for r in read_store(s)]
     if workloads:
         traces = [r for r in traces if r.workload in workloads]
@@ -224,10 +253,10 @@ def command(
         cost_model,
         list(policies),
         batching,
-        _parse_sizes(batch_sizes),
+        sizes,
         aggregate=aggregate,
         seed=seed,
-        ngram_miss_heuristic=_heuristic(ngram_miss_heuristic),
+        ngram_miss_heuristic=heuristic,
         combine_draft=combine_draft,
         switch_overhead=switch_overhead,
         linear_draft_kv=linear_draft_kv,

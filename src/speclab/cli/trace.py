@@ -140,8 +140,10 @@ def command(
         raise click.UsageError("give exactly one of --from STORE_OR_RUN or --workload NAME (with --target)")
     if not out:
         raise click.UsageError("--out is required")
-    if k_max < 1:
-        raise ConfigError("--k-max must be >= 1")
+    from speclab.traces.model import K_MAX_LIMIT
+
+    if not 1 <= k_max <= K_MAX_LIMIT:
+        raise ConfigError(f"--k-max must be in 1..{K_MAX_LIMIT}, got {k_max}")
     mlist = [m.strip() for m in methods.split(",") if m.strip()]
     for m in mlist:
         check_method_name(m)

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from speclab.errors import TraceError
+from speclab.traces.model import K_MAX_LIMIT
 
 
 @click.group(name="traces")
@@ -29,7 +30,13 @@ def command() -> None:
     "--workload", default=None, help="Workload name (default: each file's name up to the first dot)."
 )
 @click.option("--category", default=None, help="Study category (default: guessed from the workload name).")
-@click.option("--k-max", type=click.IntRange(min=1), default=20, show_default=True, help="Study traces' k.")
+@click.option(
+    "--k-max",
+    type=click.IntRange(min=1, max=K_MAX_LIMIT),
+    default=20,
+    show_default=True,
+    help="Study traces' k.",
+)
 @click.option("--lenient-lengths", is_flag=True, help="Truncate/pad acc_len arrays whose length differs.")
 @click.option("--append", is_flag=True, help="Add a part to an existing directory store.")
 @click.option("--force", is_flag=True, help="Replace an existing store.")
@@ -45,11 +52,14 @@ def import_cmd(
     force: bool,
 ) -> None:
     """Import trace FILE(s) into the store --out."""
-    from speclab.traces import append_to_store, read_jsonl, read_store, write_store
+    from speclab.traces import append_to_store, read_jsonl, write_store
     from speclab.traces.importers import import_specdecode_bench
+    from speclab.traces.store import store_exists
 
     outp = Path(out)
-    if outp.exists() and not (append or force):
+    if append and force:
+        raise TraceError("give --append or --force, not both")
+    if store_exists(outp) and not (append or force):
         raise TraceError(f"{out}: store exists (use --append to add a part, --force to replace)")
     if append and outp.suffix == ".parquet":
         raise TraceError(f"{out}: cannot append to a single-file store; use a directory")
@@ -59,14 +69,20 @@ def import_cmd(
         )
     else:
         recs, notes = [], []
+        seen: dict[str, str] = {}
         for f in files:
-            recs.extend(read_jsonl(f))
-    if append and outp.exists():
-        old = {r.id for r in read_store(outp, validate=False)}
-        dup = next((r.id for r in recs if r.id in old), None)
-        if dup is not None:
-            raise TraceError(f"{out}: record id {dup!r} already in the store (import once, or --force)")
-        append_to_store(outp, recs, tag=Path(files[0]).stem)
+            for i, r in enumerate(read_jsonl(f)):
+                if r.id in seen:
+                    raise TraceError(
+                        f"{f}: record {i} (id={r.id!r}): field id: duplicate (first in {seen[r.id]})"
+                    )
+                seen[r.id] = str(f)
+                recs.append(r)
+        if not recs:
+            raise TraceError(f"{', '.join(files)}: no records found")
+    if append:
+        # the id check and the new part happen under the store's writer lock
+        append_to_store(outp, recs, tag=Path(files[0]).stem, refuse_existing_ids=True)
     else:
         write_store(outp, recs)
     for n in notes:

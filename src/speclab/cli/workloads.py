@@ -11,7 +11,12 @@ def _load(name: str, limit: int | None, seed: int, source: str | None) -> list:
     from speclab.workloads import get_workload, load_workload
 
     info = get_workload(name)
-    prompts = load_workload(name, limit=limit, seed=seed, source=source)
+    try:
+        prompts = load_workload(name, limit=limit, seed=seed, source=source)
+    except UnicodeDecodeError as exc:  # a binary --source: one line that names it
+        from speclab.errors import ConfigError
+
+        raise ConfigError(f"--source {source}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if limit is not None and len(prompts) < limit:
         click.echo(
             f"note: {name} yielded {len(prompts)} prompts, fewer than --limit {limit}"

@@ -35,11 +35,32 @@ def _lstsq(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, float]:
         raise ConfigError(
             f"timings: {what}: {len(y)} row(s), need at least {x.shape[1]} to fit {x.shape[1]} terms"
         )
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    coef = _nonneg_lstsq(x, y)
     resid = y - x @ coef
     ss_tot = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((resid**2).sum()) / ss_tot if ss_tot > 0 else 1.0
     return coef, r2
+
+
+def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (a negative time per token is not a cost model). Exact for
+    our 3 terms: the best unconstrained fit over each subset of terms, keeping the feasible one with the
+    smallest residual (the plain fit when it is already non-negative)."""
+    n = x.shape[1]
+    best, best_ss = np.zeros(n), float((y**2).sum())
+    for mask in range((1 << n) - 1, 0, -1):
+        cols = [i for i in range(n) if mask >> i & 1]
+        c, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+        if (c < 0).any():
+            continue
+        coef = np.zeros(n)
+        coef[cols] = c
+        ss = float(((y - x @ coef) ** 2).sum())
+        if ss < best_ss * (1 - 1e-12) or mask == (1 << n) - 1:
+            best, best_ss = coef, ss
+            if mask == (1 << n) - 1:
+                break
+    return best
 
 
 def fit_cost_model(
@@ -94,15 +115,18 @@ def fit_cost_model_report(
     overhead = float(data["overhead"][:, 4].mean()) if "overhead" in data else 0.0
     if "overhead" not in data:
         rep.notes.append("no 'overhead' rows: per-step overhead set to 0")
-    neg = [f"target.{k}" for k, v in vars(target).items() if v < 0]
-    neg += [
+    zero = [f"target.{k}" for k, v in vars(target).items() if v == 0]
+    zero += [
         f"draft.{m}.{k}"
         for m, d in drafts.items()
         for k, v in vars(d).items()
-        if isinstance(v, float) and v < 0
+        if isinstance(v, float) and v == 0 and (k == "fraction") == (d.form == "verify_fraction")
     ]
-    if neg:
-        rep.notes.append(f"negative fitted coefficient(s): {', '.join(neg)} (too few or too narrow timings?)")
+    if zero:
+        rep.notes.append(
+            f"coefficient(s) fitted as 0 (held at 0 where a free fit went negative): {', '.join(zero)} "
+            "(too few or too narrow timings?)"
+        )
     model = CostModel(
         name=name or os.path.splitext(os.path.basename(str(csv_path)))[0],
         description=f"fitted by least squares from {os.path.basename(str(csv_path))}",
@@ -112,4 +136,4 @@ def fit_cost_model_report(
         overhead_per_step=overhead,
         switch_overhead=0.0,
     )
-    return model, rep
+    return model.validate(f"cost model fitted from {csv_path}"), rep

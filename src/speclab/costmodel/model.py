@@ -4,6 +4,16 @@ The form is the study's linear model (arXiv 2601.11580):
 - target forward (prefill, decode or verify) = kv * kv_tokens + batched * batched_tokens + const
 - drafting, per method, in one of three forms (see DraftCost)
 - a fixed overhead per engine step, and an optional overhead for a step in which some request switches method.
+
+TOML schema (checked on load, and by `CostModel.validate` for fitted or hand-built models):
+  name, description, source: strings (optional)
+  [target]    kv, batched, const: required
+  [overhead]  per_step: required (a missing [overhead] is an error, not 0: state 0 if you mean it);
+              switch: optional, default 0
+  [draft.M]   form = "linear" | "chained": const required, kv and num_spec default 0;
+              form = "verify_fraction": fraction required
+Every coefficient is a finite number in 0..MAX_COEF seconds (fraction: 0..MAX_FRACTION), and a target
+forward must cost time (batched + const > 0). Unknown keys or sections are refused (a typo is not a 0).
 """
 
 from __future__ import annotations
@@ -18,6 +28,18 @@ import numpy as np
 from speclab.errors import ConfigError
 
 DRAFT_FORMS = ("linear", "chained", "verify_fraction")
+MAX_COEF = 1e3  # seconds per token / per step: far above any real engine, small enough to stay finite
+MAX_FRACTION = 1e3
+_REQUIRED = object()
+# section -> key -> default (_REQUIRED: must be given)
+_TARGET_KEYS: dict[str, Any] = {"kv": _REQUIRED, "batched": _REQUIRED, "const": _REQUIRED}
+_OVERHEAD_KEYS: dict[str, Any] = {"per_step": _REQUIRED, "switch": 0.0}
+_DRAFT_KEYS: dict[str, dict[str, Any]] = {
+    "linear": {"kv": 0.0, "num_spec": 0.0, "const": _REQUIRED},
+    "chained": {"kv": 0.0, "num_spec": 0.0, "const": _REQUIRED},
+    "verify_fraction": {"fraction": _REQUIRED},
+}
+_TOP_KEYS = ("name", "description", "source", "target", "overhead", "draft")
 
 
 @dataclass(frozen=True)
@@ -75,6 +97,23 @@ class CostModel:
     def target_time(self, kv_tokens: Any, batched_tokens: Any) -> Any:
         return self.target.time(kv_tokens, batched_tokens)
 
+    def validate(self, where: str = "") -> CostModel:
+        """Raise ConfigError unless every coefficient is usable (see the module docstring); returns self."""
+        where = where or f"cost model {self.name!r}"
+        for k in _TARGET_KEYS:
+            _check_coef(getattr(self.target, k), f"{where}: field target.{k}")
+        if self.target.batched + self.target.const <= 0:
+            raise ConfigError(
+                f"{where}: field target: batched and const are both 0 (a forward pass would take no time)"
+            )
+        _check_coef(self.overhead_per_step, f"{where}: field overhead.per_step")
+        _check_coef(self.switch_overhead, f"{where}: field overhead.switch")
+        for m, d in self.draft.items():
+            for k in _DRAFT_KEYS[d.form]:
+                top = MAX_FRACTION if k == "fraction" else MAX_COEF
+                _check_coef(getattr(d, k), f"{where}: field draft.{m}.{k}", top)
+        return self
+
     # --- TOML ---------------------------------------------------------------------------------------------
     def to_toml(self, header: str = "") -> str:
         lines = [header.rstrip()] if header else []
@@ -106,10 +145,11 @@ class CostModel:
             d = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{where}: not valid TOML ({exc})") from None
-        tgt = _table(d, "target", where)
-        ovh = d.get("overhead", {})
-        if not isinstance(ovh, dict):
-            raise ConfigError(f"{where}: field overhead: expected a table")
+        _no_unknown(d, _TOP_KEYS, f"{where}: top level")
+        for key in ("name", "description", "source"):
+            if key in d and not isinstance(d[key], str):
+                raise ConfigError(f"{where}: field {key}: expected a string, got {d[key]!r}")
+        tgt = _section(_table(d, "target", where), _TARGET_KEYS, f"{where}: field target")
         drafts: dict[str, DraftCost] = {}
         draft_raw = d.get("draft", {})
         if not isinstance(draft_raw, dict):
@@ -122,28 +162,20 @@ class CostModel:
                 raise ConfigError(
                     f"{where}: field draft.{m}.form: {form!r} not one of {', '.join(DRAFT_FORMS)}"
                 )
-            if form == "verify_fraction":
-                drafts[m] = DraftCost(form=form, fraction=_num(spec, "fraction", f"{where}: field draft.{m}"))
-            else:
-                drafts[m] = DraftCost(
-                    form=form,
-                    kv=_num(spec, "kv", f"{where}: field draft.{m}", 0.0),
-                    num_spec=_num(spec, "num_spec", f"{where}: field draft.{m}", 0.0),
-                    const=_num(spec, "const", f"{where}: field draft.{m}"),
-                )
+            rest = {k: v for k, v in spec.items() if k != "form"}
+            drafts[m] = DraftCost(form=form, **_section(rest, _DRAFT_KEYS[form], f"{where}: field draft.{m}"))
+        if "overhead" not in d:
+            raise ConfigError(f"{where}: section [overhead] missing (give per_step; per_step = 0.0 if none)")
+        ovh = _section(_table(d, "overhead", where), _OVERHEAD_KEYS, f"{where}: field overhead")
         return cls(
             name=str(d.get("name") or Path(where).stem),
             description=str(d.get("description", "")),
             source=str(d.get("source", "")),
-            target=TargetCost(
-                kv=_num(tgt, "kv", f"{where}: field target"),
-                batched=_num(tgt, "batched", f"{where}: field target"),
-                const=_num(tgt, "const", f"{where}: field target"),
-            ),
+            target=TargetCost(**tgt),
             draft=drafts,
-            overhead_per_step=_num(ovh, "per_step", f"{where}: field overhead", 0.0),
-            switch_overhead=_num(ovh, "switch", f"{where}: field overhead", 0.0),
-        )
+            overhead_per_step=ovh["per_step"],
+            switch_overhead=ovh["switch"],
+        ).validate(where)
 
 
 def _table(d: dict[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -153,18 +185,34 @@ def _table(d: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     return v
 
 
-_MISSING = object()
+def _no_unknown(d: dict[str, Any], known: Any, where: str) -> None:
+    unknown = sorted(str(k) for k in d if k not in known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(known)})")
 
 
-def _num(d: dict[str, Any], key: str, where: str, default: Any = _MISSING) -> float:
+def _section(d: dict[str, Any], keys: dict[str, Any], where: str) -> dict[str, float]:
+    """The numbers of one TOML table per its schema: unknown keys refused, required ones present."""
+    _no_unknown(d, keys, where)
+    return {k: _num(d, k, where, default) for k, default in keys.items()}
+
+
+def _num(d: dict[str, Any], key: str, where: str, default: Any = _REQUIRED) -> float:
     if key not in d:
-        if default is _MISSING:
+        if default is _REQUIRED:
             raise ConfigError(f"{where}.{key}: missing")
         return float(default)
     v = d[key]
     if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v):
         raise ConfigError(f"{where}.{key}: expected a number, got {v!r}")
     return float(v)
+
+
+def _check_coef(v: Any, where: str, top: float = MAX_COEF) -> None:
+    if isinstance(v, bool) or not isinstance(v, int | float | np.number) or not np.isfinite(v):
+        raise ConfigError(f"{where}: expected a finite number, got {v!r}")
+    if not 0 <= v <= top:
+        raise ConfigError(f"{where}: {v!r} out of range 0..{top:g}")
 
 
 def _q(s: str) -> str:

@@ -21,7 +21,7 @@ def preset_path(name: str) -> Path:
 def get_cost_model(name_or_path: str | Path | CostModel) -> CostModel:
     """A preset name (see list_cost_models) or a path to a cost-model TOML file."""
     if isinstance(name_or_path, CostModel):
-        return name_or_path
+        return name_or_path.validate()
     s = str(name_or_path)
     p = Path(s)
     if s in list_cost_models():
@@ -32,6 +32,12 @@ def get_cost_model(name_or_path: str | Path | CostModel) -> CostModel:
         )
     if not p.is_file():
         raise ConfigError(f"cost model file {s}: not found")
-    model = CostModel.from_toml(p.read_text(), str(p))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cost model file {s}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"cost model file {s}: cannot read ({exc.strerror})") from None
+    model = CostModel.from_toml(text, str(p))
     model.path = str(p)
     return model

@@ -11,7 +11,7 @@ import numpy as np
 from speclab.costmodel import CostModel, get_cost_model
 from speclab.errors import ConfigError
 from speclab.simulate import fast
-from speclab.simulate.policies import Policy, make_policy
+from speclab.simulate.policies import Policy, check_k_within_traces, make_policy
 from speclab.simulate.study import STUDY_NUM_REQUESTS, match_p_for, miss_generator, study_sample_state
 from speclab.traces.model import RequestTrace
 
@@ -100,6 +100,9 @@ def check_args(
         raise ConfigError(f"batch sizes must be integers >= 1, got {batch_sizes!r}")
     if not policies:
         raise ConfigError("no policy given")
+    sw = opts.get("switch_overhead")
+    if sw is not None and (isinstance(sw, bool) or not isinstance(sw, int | float) or not 0 <= sw <= 1e3):
+        raise ConfigError(f"switch overhead must be a finite number of seconds in 0..1000, got {sw!r}")
     if opts.get("linear_draft_kv", "batch") not in ("batch", "request"):
         raise ConfigError(f"linear_draft_kv {opts['linear_draft_kv']!r}: use batch or request")
     rules = opts.get("rules") or "auto"
@@ -206,7 +209,7 @@ def simulate(
     for key, gpols in groups.items():
         sel, state, gnotes = _select(list(traces), key, aggregate, seed, opts)
         ta = fast.prepare(sel, set(key), shift=study)
-        for n in gnotes + ta.notes:
+        for n in gnotes + ta.notes + check_k_within_traces(gpols, ta.k_max):
             if n not in notes:
                 notes.append(n)
         for r in _run_group(ta, gpols, cm, batching, batch_sizes, aggregate, seed, opts, study, state, notes):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from speclab.errors import ConfigError
-from speclab.traces.model import check_method_name
+from speclab.traces.model import K_MAX_LIMIT, check_method_name
 
 
 @dataclass
@@ -198,14 +198,35 @@ def list_policies() -> list[PolicyInfo]:
     return list(_REGISTRY.values())
 
 
-def _int(s: str, what: str, spec: str, lo: int = 0) -> int:
+def _int(s: str, what: str, spec: str, lo: int = 0, hi: int = K_MAX_LIMIT) -> int:
     try:
         v = int(s)
     except ValueError:
         raise ConfigError(f"policy {spec!r}: {what} must be an integer, got {s!r}") from None
-    if v < lo:
-        raise ConfigError(f"policy {spec!r}: {what} must be >= {lo}")
+    if not lo <= v <= hi:
+        raise ConfigError(f"policy {spec!r}: {what} must be in {lo}..{hi}, got {v}")
     return v
+
+
+def check_k_within_traces(policies: list[Policy], k_max: dict[str, int]) -> list[str]:
+    """Before any simulation: a trace cannot tell what a proposal longer than its k_max would get accepted,
+    so a fixed K (fixed, select-ema) above the traces' k_max is refused, and an adaptive policy's ceiling
+    KMAX is capped at it (with a note). Without this the run failed partway, or not, depending on the data."""
+    notes: list[str] = []
+    for p in policies:
+        top = p.extra.get("max_k")
+        limit = min((k_max[m] for m in p.methods if m in k_max), default=None)
+        if top is None or limit is None or top <= limit:
+            continue
+        if "kmax" not in p.extra:
+            raise ConfigError(
+                f"policy {p.spec!r}: proposes {top} drafts but the traces record "
+                f"{', '.join(p.methods)} only up to k_max={limit}"
+            )
+        p.extra["kmax"] = p.extra["max_k"] = limit
+        p.extra["kstart"] = min(p.extra["kstart"], limit)
+        notes.append(f"policy {p.spec}: KMAX {top} capped at the traces' k_max {limit}")
+    return notes
 
 
 def _method(s: str, spec: str) -> str:
@@ -228,7 +249,7 @@ def _none(spec: str, args: list[str], opts: dict) -> Policy:
 def _fixed(spec: str, args: list[str], opts: dict) -> Policy:
     _need(args, 2, 2, spec, "fixed:METHOD:K")
     m, k = _method(args[0], spec), _int(args[1], "K", spec, 1)
-    return Fixed(spec=f"fixed:{m}:{k}", methods=(m,), extra={"k": k})
+    return Fixed(spec=f"fixed:{m}:{k}", methods=(m,), extra={"k": k, "max_k": k})
 
 
 def _oracle(spec: str, args: list[str], opts: dict) -> Policy:
@@ -259,10 +280,14 @@ def _adaptive(spec: str, args: list[str], opts: dict) -> Policy:
     m = _method(args[0], spec)
     kmax = _int(args[1], "KMAX", spec, 1) if len(args) > 1 else 8
     kstart = _int(args[2], "KSTART", spec, 1) if len(args) > 2 else min(3, kmax)
+    if kstart > kmax:
+        raise ConfigError(f"policy {spec!r}: KSTART {kstart} exceeds KMAX {kmax}")
     canon = (
         f"adaptive-k:{m}" + (f":{kmax}" if len(args) > 1 else "") + (f":{kstart}" if len(args) > 2 else "")
     )
-    return AdaptiveK(spec=canon, methods=(m,), extra={"kmax": kmax, "kstart": kstart, "alpha": 0.5})
+    return AdaptiveK(
+        spec=canon, methods=(m,), extra={"kmax": kmax, "kstart": kstart, "alpha": 0.5, "max_k": kmax}
+    )
 
 
 def _select(spec: str, args: list[str], opts: dict) -> Policy:
@@ -271,7 +296,9 @@ def _select(spec: str, args: list[str], opts: dict) -> Policy:
     if len(ms) < 2 or len(set(ms)) != len(ms):
         raise ConfigError(f"policy {spec!r}: needs two or more distinct methods")
     k = _int(args[1], "K", spec, 1)
-    return SelectEMA(spec=f"select-ema:{','.join(ms)}:{k}", methods=ms, extra={"k": k, "alpha": 0.5})
+    return SelectEMA(
+        spec=f"select-ema:{','.join(ms)}:{k}", methods=ms, extra={"k": k, "alpha": 0.5, "max_k": k}
+    )
 
 
 register_policy("none", "none", "no speculative decoding (the baseline)", _none)

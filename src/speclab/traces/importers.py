@@ -71,6 +71,10 @@ def _int_list(v: Any, where: str) -> np.ndarray:
     if any(isinstance(x, bool) or not isinstance(x, int) for x in v):
         bad = next(x for x in v if isinstance(x, bool) or not isinstance(x, int))
         raise TraceError(f"{where}: expected integers, found {bad!r}")
+    # stored in 32 bits: refuse what would wrap (and ints numpy cannot hold at all) here
+    bad_i = next((i for i, x in enumerate(v) if not -(2**31) <= x < 2**31), None)
+    if bad_i is not None:
+        raise TraceError(f"{where}: value {v[bad_i]} at position {bad_i} out of range (must fit in 32 bits)")
     return np.asarray(v, dtype=np.int64)
 
 

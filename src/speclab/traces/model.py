@@ -31,6 +31,11 @@ from speclab.methods.catalog import TRACE_METHODS
 KNOWN_METHODS: tuple[str, ...] = TRACE_METHODS  # the method catalog is the one home of method facts
 _CUSTOM_RE = re.compile(r"^custom:[A-Za-z0-9_.\-]+$")
 
+# Storage bounds (the Parquet store keeps ints in 32 bits): token ids 0 <= id < 2^31, lengths < 2^31,
+# k_max 1..K_MAX_LIMIT (far above any SD method; keeps acc_len = k_max+1 and policy arrays small).
+INT32_MAX = 2**31 - 1
+K_MAX_LIMIT = 2**16
+
 # Study categories a workload can stand for.
 CATEGORIES: tuple[str, ...] = ("code-editing", "summarization", "math", "chat", "reasoning", "other")
 
@@ -63,11 +68,12 @@ class MethodTrace:
 
     def validate(self, output_len: int, where: str) -> None:
         """output_len: the record's; a method's own length may differ from it (see the module docstring)."""
-        if not isinstance(self.k_max, int | np.integer) or self.k_max < 1:
-            raise TraceError(f"{where}: field k_max: must be an integer >= 1, got {self.k_max!r}")
+        if not isinstance(self.k_max, int | np.integer) or not 1 <= self.k_max <= K_MAX_LIMIT:
+            raise TraceError(f"{where}: field k_max: must be an integer 1..{K_MAX_LIMIT}, got {self.k_max!r}")
         if self.acc_len.ndim != 1:
             raise TraceError(f"{where}: field acc_len: expected a flat list")
         n = len(self.acc_len)
+        _check_ids(self.output_token_ids, f"{where}: field output_token_ids")
         if self.output_token_ids is not None and len(self.output_token_ids) != n:
             raise TraceError(
                 f"{where}: field output_token_ids: has {len(self.output_token_ids)} tokens, "
@@ -125,8 +131,10 @@ class RequestTrace:
         if self.category not in CATEGORIES:
             raise TraceError(f"{where}: field category: {self.category!r} not one of {', '.join(CATEGORIES)}")
         for name, value in (("prompt_len", self.prompt_len), ("output_len", self.output_len)):
-            if not isinstance(value, int | np.integer) or value < 0:
-                raise TraceError(f"{where}: field {name}: must be an integer >= 0, got {value!r}")
+            if not isinstance(value, int | np.integer) or not 0 <= value <= INT32_MAX:
+                raise TraceError(f"{where}: field {name}: must be an integer 0..{INT32_MAX}, got {value!r}")
+        _check_ids(self.prompt_token_ids, f"{where}: field prompt_token_ids")
+        _check_ids(self.output_token_ids, f"{where}: field output_token_ids")
         if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_len:
             raise TraceError(
                 f"{where}: field prompt_token_ids: has {len(self.prompt_token_ids)} tokens, "
@@ -216,6 +224,12 @@ class RequestTrace:
         return rec
 
 
+def _check_ids(ids: np.ndarray | None, where: str) -> None:
+    if ids is not None and len(ids) and ids.min() < 0:
+        p = int(np.flatnonzero(ids < 0)[0])
+        raise TraceError(f"{where}: negative token id {int(ids[p])} at position {p}")
+
+
 def _require(d: dict[str, Any], key: str, where: str) -> Any:
     if key not in d:
         raise TraceError(f"{where}: field {key}: missing")
@@ -235,8 +249,19 @@ def _as_int_array(v: Any, where: str) -> np.ndarray:
         arr = np.asarray(v)
     except ValueError:
         raise TraceError(f"{where}: expected a flat list of integers (ragged values found)") from None
+    if (
+        arr.ndim == 1
+        and arr.dtype == object
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+    ):
+        raise TraceError(f"{where}: integer out of range (values must fit in 32 bits)")
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         raise TraceError(f"{where}: expected a flat list of integers (ragged or non-integer values found)")
+    if arr.size and (arr.min() < -INT32_MAX - 1 or arr.max() > INT32_MAX):
+        bad = int(np.flatnonzero((arr < -INT32_MAX - 1) | (arr > INT32_MAX))[0])
+        raise TraceError(
+            f"{where}: value {int(arr[bad])} at position {bad} out of range (must fit in 32 bits)"
+        )
     return arr.astype(np.int32)
 
 
@@ -246,7 +271,16 @@ def dumps_jsonl_line(rec: RequestTrace) -> str:
 
 def json_lines(fh: Iterable[str], path: object) -> Iterator[tuple[int, str, Any]]:
     """(line number, "PATH: line N", parsed value) for each non-blank line of a JSON Lines file."""
-    for lineno, line in enumerate(fh, 1):
+    lines = enumerate(fh, 1)
+    while True:
+        try:
+            lineno, line = next(lines)
+        except StopIteration:
+            return
+        except UnicodeDecodeError as exc:
+            raise TraceError(
+                f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); binary file?"
+            ) from None
         if not line.strip():
             continue
         where = f"{path}: line {lineno}"
@@ -254,4 +288,6 @@ def json_lines(fh: Iterable[str], path: object) -> Iterator[tuple[int, str, Any]
             d = json.loads(line)
         except json.JSONDecodeError as exc:
             raise TraceError(f"{where}: not valid JSON ({exc.msg}; truncated file?)") from None
+        except (ValueError, RecursionError) as exc:  # e.g. a 5000-digit number, nesting 10^5 deep
+            raise TraceError(f"{where}: not usable JSON ({exc})") from None
         yield lineno, where, d
