@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from speclab.methods.suffix import acc_len_at
 from speclab.replay.replay import load_records, replay_records
 from speclab.traces import RequestTrace
 
@@ -151,12 +152,7 @@ class OldSuffixTrie:
                 if gs > score:
                     d = gd
             nprop[p] = len(d)
-            a = 0
-            for j, t in enumerate(d):
-                if p + j >= n or out[p + j] != t:
-                    break
-                a += 1
-            acc[p] = a + 1
+            acc[p] = acc_len_at(d, out, p)
             lfront = local.append(lfront, out[p])
             gfront = g.follow(gfront, out[p], self.max_match)
         front: list[int] = []

@@ -1,12 +1,28 @@
-"""Atomic file writes: a reader never sees half a file, and a killed run leaves no partial output."""
+"""Atomic file writes: a reader never sees half a file, and a killed run leaves no partial output. And the one
+exclusive file lock that writers of shared caches and stores hold."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_file: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive flock on `lock_file` (created, with its parents, if missing), waiting for any other
+    holder; released when the block ends or the process dies. OSError if the file cannot be created."""
+    lock_file = Path(lock_file)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

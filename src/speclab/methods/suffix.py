@@ -203,17 +203,23 @@ class SuffixSpeculator:
                 min_token_prob=self.min_token_prob,
             ).token_ids
             nprop[p] = len(d)
-            a = 0
-            for j, t in enumerate(d):
-                if p + j >= n or outl[p + j] != t:
-                    break
-                a += 1
-            acc[p] = a + 1
+            acc[p] = acc_len_at(d, outl, p)
         cache.add_active_response(req_id, full[-1:])  # the last token is sampled too
         cache.stop_request(req_id)
         if not keep:
             self.forget(req_id)
         return acc, nprop
+
+
+def acc_len_at(draft: Sequence[int], output: Sequence[int], p: int) -> int:
+    """Tokens one step at output position p produces with this draft: the drafts that match the output from
+    p on (stopping at the first miss or the output's end), plus the bonus token."""
+    a = 0
+    for j, t in enumerate(draft):
+        if p + j >= len(output) or output[p + j] != t:
+            break
+        a += 1
+    return a + 1
 
 
 def _i32(ids: np.ndarray | Sequence[int]) -> np.ndarray:

@@ -8,8 +8,6 @@ directory beside the target, then renamed) and serialized across processes by a 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -17,10 +15,10 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from speclab.atomic import exclusive_lock
 from speclab.errors import ConfigError, SpeclabError
 from speclab.models.presets import ModelPreset, get_preset, presets
 
@@ -112,17 +110,6 @@ def gguf_path(preset: ModelPreset) -> Path:
             if p.is_file():
                 return p
     raise SpeclabError(f"package {preset.package} is installed but has no {preset.gguf_file}; reinstall it")
-
-
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _torch_dtype(dtype: str) -> Any:
@@ -233,7 +220,7 @@ def prepare_model(
         source_sha = hashlib.sha256(
             json.dumps([read_manifest(base_dir)["files"], list(preset.layers or ())]).encode()
         ).hexdigest()
-    with _lock(out.parent / f".{dtype}.lock"):
+    with exclusive_lock(out.parent / f".{dtype}.lock"):
         if not force and is_prepared(out, source_sha):
             say(f"{name} ({dtype}): up to date at {out}")
             return out

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import shutil
@@ -39,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from speclab.atomic import atomic_path
+from speclab.atomic import atomic_path, exclusive_lock
 from speclab.errors import TraceError
 from speclab.traces.model import MethodTrace, RequestTrace, dumps_jsonl_line, json_lines
 
@@ -151,18 +150,17 @@ def _lock_path(path: Path) -> Path:
 def store_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     """Hold the store's writer lock (blocking): concurrent writers run one after the other."""
     path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(_lock_path(path), "a")  # noqa: SIM115 (closed below)
-    except OSError as exc:
-        why = "a parent is a file" if isinstance(exc, FileExistsError | NotADirectoryError) else exc.strerror
-        raise TraceError(f"{path}: cannot write the store here ({why})") from None
-    with fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    with contextlib.ExitStack() as held:
         try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            held.enter_context(exclusive_lock(_lock_path(path)))
+        except OSError as exc:
+            why = (
+                "a parent is a file"
+                if isinstance(exc, FileExistsError | NotADirectoryError)
+                else exc.strerror
+            )
+            raise TraceError(f"{path}: cannot write the store here ({why})") from None
+        yield
 
 
 def _clean_stale(path: Path) -> None:
