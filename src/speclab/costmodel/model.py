@@ -29,6 +29,9 @@ class TargetCost:
     def time(self, kv_tokens: Any, batched_tokens: Any) -> Any:
         return self.kv * kv_tokens + self.batched * batched_tokens + self.const
 
+    def toml_lines(self) -> list[str]:
+        return [f"kv = {_f(self.kv)}", f"batched = {_f(self.batched)}", f"const = {_f(self.const)}"]
+
 
 @dataclass(frozen=True)
 class DraftCost:
@@ -84,9 +87,7 @@ class CostModel:
             f"source = {_q(self.source)}",
             "",
             "[target]",
-            f"kv = {_f(self.target.kv)}",
-            f"batched = {_f(self.target.batched)}",
-            f"const = {_f(self.target.const)}",
+            *self.target.toml_lines(),  # other forms: speclab.costmodel.forms
             "",
             "[overhead]",
             f"per_step = {_f(self.overhead_per_step)}",
@@ -131,15 +132,21 @@ class CostModel:
                     num_spec=_num(spec, "num_spec", f"{where}: field draft.{m}", 0.0),
                     const=_num(spec, "const", f"{where}: field draft.{m}"),
                 )
+        if tgt.get("form", "linear") != "linear":
+            from speclab.costmodel.forms import target_from_toml
+
+            target: TargetCost = target_from_toml(tgt["form"], tgt, where)
+        else:
+            target = TargetCost(
+                kv=_num(tgt, "kv", f"{where}: field target"),
+                batched=_num(tgt, "batched", f"{where}: field target"),
+                const=_num(tgt, "const", f"{where}: field target"),
+            )
         return cls(
             name=str(d.get("name") or Path(where).stem),
             description=str(d.get("description", "")),
             source=str(d.get("source", "")),
-            target=TargetCost(
-                kv=_num(tgt, "kv", f"{where}: field target"),
-                batched=_num(tgt, "batched", f"{where}: field target"),
-                const=_num(tgt, "const", f"{where}: field target"),
-            ),
+            target=target,
             draft=drafts,
             overhead_per_step=_num(ovh, "per_step", f"{where}: field overhead", 0.0),
             switch_overhead=_num(ovh, "switch", f"{where}: field overhead", 0.0),
