@@ -181,3 +181,18 @@ def test_cli_validate_writes_json_and_fits_from_timings(
     data = json.loads((tmp_path / "validation.json").read_text())
     assert data["summary"]["sd_cells"] == 2 and len(data["cells"]) == 4
     assert data["cost_model"].startswith("fitted from")
+
+
+def test_report_section_shows_the_comparison(tmp_path: Path) -> None:
+    from speclab.report.sections import ReportData, validation
+
+    def data(run: Path | None) -> ReportData:
+        return ReportData(rows=[], run_path=run, traces=None, analysis={}, recs=[], figs={})
+
+    assert "Missing input" in "".join(validation(data(None)))
+    _write_run(tmp_path, time_scale={4: 1.2})
+    # no validation.json and no timings.csv: says why instead of a table
+    assert "no timings.csv" in "".join(validation(data(tmp_path)))
+    (tmp_path / "validation.json").write_text(json.dumps(validate_run(tmp_path, CM).to_dict()))
+    html = "".join(validation(data(tmp_path)))
+    assert "<b>10.0%</b> over 2 SD cell(s), 1 above 10%" in html and "+20.0%" in html and "test-cpu" in html
