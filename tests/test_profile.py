@@ -127,3 +127,21 @@ def test_cli_profile_dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ca
     main(["profile", "--methods", "ngram", "--out", "x", "--dry-run"])
     out = capsys.readouterr().out
     assert "none: 12 cells" in out and "ngram-k3: 4 cells" in out and "held out" in out
+
+
+def test_fit_timings_csv_cuts_a_run_into_held_out_chunks(tmp_path: Path) -> None:
+    from speclab.profile.fit import fit_timings_csv
+    from speclab.timings import append_timings
+
+    rng = np.random.default_rng(3)
+    rows = []
+    for _ in range(400):
+        kv, bt = int(rng.integers(0, 20000)), int(rng.integers(1, 300))
+        rows += [("target", kv, bt, 0, 1, float(TRUE.time(kv, bt))), ("overhead", kv, bt, 0, 1, 1e-3)]
+    append_timings(tmp_path / "t.csv", rows)
+    fit = fit_timings_csv(tmp_path / "t.csv", "run")
+    tgt = {e.form: e for e in fit.errors if e.kind == "target"}
+    assert (
+        tgt["piecewise"].chosen and tgt["piecewise"].test_rows == 64
+    )  # 400 steps: chunks 0..5 of 64 and one of 16; chunk 3 held out
+    assert tgt["piecewise"].cell_abs_err < 1e-6 < tgt["linear"].cell_abs_err

@@ -154,21 +154,43 @@ def _predict(
     return float(r.makespan_throughput_tok_s), int(r.steps), notes
 
 
-def _load_cost_model(run: Path, name: str | None) -> tuple[CostModel, str]:
+FITS = ("linear", "best")
+
+
+def _load_cost_model(run: Path, name: str | None, fit: str) -> tuple[CostModel, str]:
     if name:
         return get_cost_model(name), name
-    if not (run / "timings.csv").is_file():
+    path = run / "timings.csv"
+    if not path.is_file():
         raise SpeclabError(f"{run}: no timings.csv to fit a cost model from; give --cost-model NAME")
-    return fit_cost_model(run / "timings.csv", name="run-timings"), f"fitted from {run / 'timings.csv'}"
+    if (
+        fit == "best"
+    ):  # the profile's form choice (piecewise target, linear lookup drafting) on held-out steps
+        from speclab.profile.fit import fit_timings_csv
+
+        model = fit_timings_csv(path, "run-timings").model
+        forms = ", ".join(
+            [getattr(model.target, "form", "linear")] + [f"{m} {d.form}" for m, d in model.draft.items()]
+        )
+        return model, f"fitted from {path} (best forms on held-out steps: {forms})"
+    if fit != "linear":
+        raise SpeclabError(f"fit {fit!r}: use {' or '.join(FITS)}")
+    return fit_cost_model(
+        path, name="run-timings"
+    ), f"fitted from {path} (linear, as `speclab cost-models fit`)"
 
 
-def validate_run(run: str | Path, cost_model: str | CostModel | None = None) -> Validation:
+def validate_run(
+    run: str | Path, cost_model: str | CostModel | None = None, fit: str = "linear"
+) -> Validation:
+    """See the module doc. cost_model: a CostModel, a name or path, or None to fit RUN/timings.csv (`fit`:
+    "linear" = `speclab cost-models fit`, "best" = the profile's choice of forms on held-out steps)."""
     run = Path(run)
     rows = read_rows(run)
     if isinstance(cost_model, CostModel):
         cm, desc = cost_model, cost_model.name
     else:
-        cm, desc = _load_cost_model(run, cost_model)
+        cm, desc = _load_cost_model(run, cost_model, fit)
     from speclab.bench.rows import entry_labels
 
     labels = dict(zip((r["cell_id"] for r in rows), entry_labels(rows), strict=True))

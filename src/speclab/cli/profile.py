@@ -35,7 +35,7 @@ def command(
     """Measure target forwards (batched tokens 1..MAX_BATCHED, KV tokens, batch size) and each method's
     drafting at each k on the real engine, fit the cost-model forms on most cells, report their error on
     the held-out cells, and save the better-fitting model."""
-    from speclab.profile import plan_profile, profile, resolve_out
+    from speclab.profile import error_lines, plan_profile, profile, resolve_out
     from speclab.profile.plan import parse_methods
 
     name, path = resolve_out(out)
@@ -52,11 +52,11 @@ def command(
         click.echo(f"would save {path} (raw data in {wd})")
         return
     fit = profile(engines, name, path, wd, echo=click.echo)
-    click.echo("held-out error (mean |relative error| per step, relative error of the summed time):")
-    for e in fit.errors:
-        m = "-" if e.mean_abs_rel_err is None else f"{100 * e.mean_abs_rel_err:.1f}%"
-        t = "-" if e.total_rel_err is None else f"{100 * e.total_rel_err:+.1f}%"
-        click.echo(f"  {e.kind:<28} {e.form:<16} {m:>7} {t:>7}{'  chosen' if e.chosen else ''}")
+    click.echo(
+        "error on the held-out cells (mean |relative error| per step, of a cell's summed time, of all):"
+    )
+    for line in error_lines(fit):
+        click.echo(f"  {line}")
     for n in fit.notes:
         click.echo(f"note: {n}", err=True)
     click.echo(

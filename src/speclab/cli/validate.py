@@ -13,9 +13,11 @@ import click
 @click.option(
     "--cost-model", default=None, help="Cost model name or .toml path (default: fitted from RUN/timings.csv)."
 )
+@click.option("--fit", type=click.Choice(["linear", "best"]), default="linear", show_default=True,
+              help="Without --cost-model: linear (as `cost-models fit`) or the profile's best forms.")  # fmt: skip
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
               help="Where to write the JSON (default: RUN/validation.json; '-' for stdout).")  # fmt: skip
-def command(run: str, cost_model: str | None, json_out: str | None) -> None:
+def command(run: str, cost_model: str | None, fit: str, json_out: str | None) -> None:
     """Simulate every cell of RUN from its own traces (its requests, batching and batch size, and the
     acceptance the engine observed) and print predicted beside measured throughput and speedup per cell,
     with the mean absolute error of the predicted speedup. The report (`speclab report --run RUN`) shows
@@ -23,7 +25,7 @@ def command(run: str, cost_model: str | None, json_out: str | None) -> None:
     from speclab.atomic import atomic_write_text
     from speclab.validate import VALIDATION_JSON, format_table, validate_run
 
-    val = validate_run(run, cost_model)
+    val = validate_run(run, cost_model, fit=fit)
     text = json.dumps(val.to_dict(), indent=1) + "\n"
     if json_out == "-":
         click.echo(text, nl=False)

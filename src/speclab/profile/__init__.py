@@ -17,7 +17,16 @@ from speclab.profile.fit import ProfileFit, fit_profile
 from speclab.profile.plan import ProfileEngine, parse_methods, plan_profile
 from speclab.profile.run import cell_timings, run_engine
 
-__all__ = ["ProfileFit", "fit_profile", "parse_methods", "plan_profile", "profile", "resolve_out", "save_fit"]
+__all__ = [
+    "ProfileFit",
+    "error_lines",
+    "fit_profile",
+    "parse_methods",
+    "plan_profile",
+    "profile",
+    "resolve_out",
+    "save_fit",
+]
 
 
 def resolve_out(out: str) -> tuple[str, Path]:
@@ -32,12 +41,27 @@ def resolve_out(out: str) -> tuple[str, Path]:
     return out, user_dir() / f"{out}.toml"
 
 
-def save_fit(fit: ProfileFit, path: Path, work: Path) -> None:
-    lines = ["# written by `speclab profile`; error on held-out profile cells (mean |rel err| per row, sum):"]
+def error_lines(fit: ProfileFit) -> list[str]:
+    """The held-out errors per kind and form, as text."""
+    out = [f"{'kind':<30} {'form':<16} {'per step':>8} {'per cell':>8} {'all':>7}"]
     for e in fit.errors:
-        m = "-" if e.mean_abs_rel_err is None else f"{100 * e.mean_abs_rel_err:.1f}%"
-        t = "-" if e.total_rel_err is None else f"{100 * e.total_rel_err:+.1f}%"
-        lines.append(f"#   {e.kind:<28} {e.form:<16} {m:>7} {t:>7}{'  (chosen)' if e.chosen else ''}")
+
+        def pct(v: float | None, sign: str = "") -> str:
+            return "-" if v is None else f"{100 * v:{sign}.1f}%"
+
+        out.append(
+            f"{e.kind:<30} {e.form:<16} {pct(e.mean_abs_rel_err):>8} {pct(e.cell_abs_err):>8} "
+            f"{pct(e.total_rel_err, '+'):>7}{'  chosen' if e.chosen else ''}"
+        )
+    return out
+
+
+def save_fit(fit: ProfileFit, path: Path, work: Path) -> None:
+    lines = [
+        "# written by `speclab profile`; error on held-out profile cells: mean |relative error| per step,",
+        "# mean |relative error| of a cell's summed time (the choice), relative error of the whole sum:",
+    ]
+    lines += [f"#   {ln}" for ln in error_lines(fit)]
     lines.append(f"# raw data: {work}")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, fit.model.to_toml("\n".join(lines)))

@@ -37,6 +37,7 @@ class FormError:
     test_rows: int
     mean_abs_rel_err: float | None  # held-out rows
     total_rel_err: float | None  # held-out: sum(predicted) / sum(measured) - 1
+    cell_abs_err: float | None = None  # mean over held-out cells of |its summed time's relative error|
     chosen: bool = False
 
 
@@ -64,7 +65,9 @@ def fit_piecewise(kv: np.ndarray, bt: np.ndarray, sec: np.ndarray) -> PiecewiseT
             continue
         c, *_ = np.linalg.lstsq(x * w[:, None], sec * w, rcond=None)
         sse = float((((x @ c) - sec) * w) ** 2 @ np.ones_like(sec))
-        cand = PiecewiseTargetCost(kv=c[0], batched=c[1], const=c[3], knee=float(knee), batched_hi=c[2])
+        cand = PiecewiseTargetCost(
+            kv=float(c[0]), batched=float(c[1]), const=float(c[3]), knee=float(knee), batched_hi=float(c[2])
+        )
         if best is None or sse < best[0]:
             best = (sse, cand)
     if best is None:
@@ -83,13 +86,22 @@ def draft_time(cost: DraftCost, target: TargetCost, a: np.ndarray) -> np.ndarray
     return passes * (cost.kv * kv + cost.const) + cost.num_spec * ns
 
 
-def _err(pred: np.ndarray, sec: np.ndarray) -> tuple[float | None, float | None]:
+def _err(
+    pred: np.ndarray, sec: np.ndarray, cell: np.ndarray
+) -> tuple[float | None, float | None, float | None]:
+    """(mean |relative error| per row, relative error of the sum, mean over cells of |relative error of
+    the cell's sum|): a throughput prediction depends on a cell's summed time, so forms are chosen by it."""
     if len(sec) == 0:
-        return None, None
+        return None, None, None
     ok = sec > 0
     mare = float(np.mean(np.abs(pred[ok] - sec[ok]) / sec[ok])) if ok.any() else None
     tot = float(pred.sum() / sec.sum() - 1.0) if sec.sum() > 0 else None
-    return mare, tot
+    per = [
+        abs(pred[cell == c].sum() / sec[cell == c].sum() - 1.0)
+        for c in np.unique(cell)
+        if sec[cell == c].sum() > 0
+    ]
+    return mare, tot, float(np.mean(per)) if per else None
 
 
 def _fit_linear_forms(rows: list[TimingsRow], draft_form: str) -> tuple[CostModel, list[str]]:
@@ -103,30 +115,35 @@ def _fit_linear_forms(rows: list[TimingsRow], draft_form: str) -> tuple[CostMode
 def fit_profile(cells: list[CellTimings], name: str, description: str = "") -> ProfileFit:
     """Fit on the cells not held out, report the error on the held-out ones, keep the better form per kind."""
     train = [r for c in cells if not c.cell.holdout for r in c.rows]
-    test = [r for c in cells if c.cell.holdout for r in c.rows]
     if not any(r.kind == "target" for r in train):
         raise ConfigError("profile: no target timings to fit (did every cell fail?)")
     lin, notes = _fit_linear_forms(train, "linear")
     chained, _ = _fit_linear_forms(train, "chained")
     errors: list[FormError] = []
 
-    def split(kind: str) -> tuple[np.ndarray, np.ndarray]:
-        return _arr([r for r in train if r.kind == kind]), _arr([r for r in test if r.kind == kind])
+    def split(kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Training rows, held-out rows and each held-out row's cell index."""
+        held = [(i, r) for i, c in enumerate(cells) if c.cell.holdout for r in c.rows if r.kind == kind]
+        return (
+            _arr([r for r in train if r.kind == kind]),
+            _arr([r for _, r in held]),
+            np.asarray([i for i, _ in held], dtype=np.int64),
+        )
 
-    tr, te = split("target")
+    tr, te, tc_ = split("target")
     pw = fit_piecewise(tr[:, 0], tr[:, 1], tr[:, 4])
     cands: list[tuple[str, TargetCost]] = [("linear", lin.target), ("piecewise", pw)]
     scored = []
     for form, tc in cands:
-        m, t = _err(np.asarray(tc.time(te[:, 0], te[:, 1]), dtype=float), te[:, 4])
-        scored.append(FormError("target", form, len(tr), len(te), m, t))
+        m, t, c = _err(np.asarray(tc.time(te[:, 0], te[:, 1]), dtype=float), te[:, 4], tc_)
+        scored.append(FormError("target", form, len(tr), len(te), m, t, c))
     pick = _pick(scored)
     target = dict(cands)[pick.form]
     errors += scored
     drafts: dict[str, DraftCost] = {}
     for kind in sorted({r.kind for r in train if r.kind.startswith("draft:")}):
         method = kind.split(":", 1)[1]
-        tr, te = split(kind)
+        tr, te, tc_ = split(kind)
         forms: list[tuple[str, DraftCost]] = []
         if method in MODEL_FREE:
             forms.append(("verify_fraction", lin.draft[method]))
@@ -135,15 +152,15 @@ def fit_profile(cells: list[CellTimings], name: str, description: str = "") -> P
             forms += [("linear", lin.draft[method]), ("chained", chained.draft[method])]
         scored = []
         for form, dc in forms:
-            m, t = _err(draft_time(dc, target, te), te[:, 4]) if len(te) else (None, None)
-            scored.append(FormError(kind, form, len(tr), len(te), m, t))
+            m, t, c = _err(draft_time(dc, target, te), te[:, 4], tc_)
+            scored.append(FormError(kind, form, len(tr), len(te), m, t, c))
         p = _pick(scored)
         drafts[method] = dict(forms)[p.form]
         errors += scored
-    ov_tr, ov_te = split("overhead")
+    ov_tr, ov_te, ov_c = split("overhead")
     overhead = float(ov_tr[:, 4].mean()) if len(ov_tr) else 0.0
-    m, t = _err(np.full(len(ov_te), overhead), ov_te[:, 4]) if len(ov_te) else (None, None)
-    errors.append(FormError("overhead", "mean", len(ov_tr), len(ov_te), m, t, chosen=True))
+    m, t, c = _err(np.full(len(ov_te), overhead), ov_te[:, 4], ov_c)
+    errors.append(FormError("overhead", "mean", len(ov_tr), len(ov_te), m, t, c, chosen=True))
     model = CostModel(
         name=name,
         target=target,
@@ -165,8 +182,32 @@ def _fit_draft_linear(a: np.ndarray) -> DraftCost:
 
 
 def _pick(scored: list[FormError]) -> FormError:
-    """The form with the lower held-out error (the first listed when nothing was held out)."""
-    ok = [e for e in scored if e.mean_abs_rel_err is not None]
-    best = min(ok, key=lambda e: e.mean_abs_rel_err) if ok else scored[0]  # type: ignore[arg-type,return-value]
+    """The form with the lower held-out error of the cells' summed time (the first listed when nothing
+    was held out)."""
+    ok = [e for e in scored if e.cell_abs_err is not None]
+    best = min(ok, key=lambda e: e.cell_abs_err) if ok else scored[0]  # type: ignore[arg-type,return-value]
     best.chosen = True
     return best
+
+
+def fit_timings_csv(path: str | Path, name: str, chunk_steps: int = 64) -> ProfileFit:
+    """Fit a timings CSV that is not cut into cells (e.g. a bench run's RUN/timings.csv) like a profile:
+    consecutive runs of `chunk_steps` steps stand in for cells, every fourth held out."""
+    from speclab.profile.plan import HOLDOUT_EVERY, ProfileCell
+    from speclab.timings import read_timings
+
+    rows = read_timings(path)
+    cells: list[CellTimings] = []
+    cur: list[TimingsRow] = []
+    steps = 0
+    for r in rows + [TimingsRow("target", (0.0,) * (len(COLUMNS) - 1), ())]:  # a sentinel closes the last
+        if r.kind == "target":
+            if steps == chunk_steps or (r.fields == () and cur):
+                i = len(cells)
+                cell = ProfileCell(f"chunk{i}", 0, 0, 0, holdout=i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1)
+                cells.append(CellTimings("run", cell, cur))
+                cur, steps = [], 0
+            steps += 1
+        if r.fields != ():
+            cur.append(r)
+    return fit_profile(cells, name, f"fitted from {path} (speclab.profile.fit: best form on held-out steps)")
