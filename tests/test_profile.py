@@ -145,3 +145,14 @@ def test_fit_timings_csv_cuts_a_run_into_held_out_chunks(tmp_path: Path) -> None
         tgt["piecewise"].chosen and tgt["piecewise"].test_rows == 64
     )  # 400 steps: chunks 0..5 of 64 and one of 16; chunk 3 held out
     assert tgt["piecewise"].cell_abs_err < 1e-6 < tgt["linear"].cell_abs_err
+
+
+def test_parse_methods_with_per_method_k() -> None:
+    assert parse_methods("ngram:3,suffix:8,draft_model", "2") == [
+        ("ngram", 3),
+        ("suffix", 8),
+        ("draft_model", 2),
+    ]
+    assert parse_methods("none,ngram:1/3", None) == [("ngram", 1), ("ngram", 3)]
+    with pytest.raises(ConfigError, match="ngram:"):
+        parse_methods("ngram:x", None)

@@ -11,9 +11,16 @@ import click
 @click.option("--target", default="smollm2-135m", show_default=True, help="Target model (preset or path).")
 @click.option("--dtype", default="float32", show_default=True)
 @click.option(
-    "--methods", default="", help="Comma list of SD methods whose drafting to profile (e.g. ngram,suffix)."
+    "--methods",
+    default="",
+    help="Comma list of SD methods to profile, METHOD or METHOD:K (e.g. ngram:3,suffix:8).",
 )
-@click.option("--ks", default="3", show_default=True, help="Comma list of k per method (one engine each).")
+@click.option(
+    "--ks",
+    default="3",
+    show_default=True,
+    help="k for methods given without one (comma list: one engine each).",
+)
 @click.option(
     "--out", "out", required=True, help="Cost-model NAME (usable as --cost-model NAME) or a .toml path."
 )

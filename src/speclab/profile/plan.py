@@ -66,18 +66,28 @@ class ProfileEngine:
 
 
 def parse_methods(methods: str | None, ks: str | None) -> list[tuple[str, int]]:
-    """`--methods ngram,suffix --ks 1,3` -> [(ngram, 1), (ngram, 3), (suffix, 1), (suffix, 3)]."""
-    names = [m.strip() for m in (methods or "").split(",") if m.strip() and m.strip() != "none"]
-    for m in names:
-        if m not in ENGINE_METHODS:
-            raise ConfigError(f"--methods: unknown method {m!r} (known: {', '.join(ENGINE_METHODS)})")
-    try:
-        kk = [int(x) for x in (ks or "3").split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--ks {ks!r}: expected comma-separated integers") from None
-    if not kk or min(kk) < 1:
-        raise ConfigError(f"--ks {ks!r}: need integers >= 1")
-    return [(m, k) for m in names for k in kk]
+    """`--methods ngram,suffix --ks 1,3` -> [(ngram, 1), (ngram, 3), (suffix, 1), (suffix, 3)];
+    `METHOD:K` fixes one method's k (`ngram:3,suffix:8`)."""
+
+    def ints(text: str, what: str) -> list[int]:
+        try:
+            out = [int(x) for x in text.split("/" if what != "--ks" else ",") if x.strip()]
+        except ValueError:
+            raise ConfigError(f"{what} {text!r}: expected integers") from None
+        if not out or min(out) < 1:
+            raise ConfigError(f"{what} {text!r}: need integers >= 1")
+        return out
+
+    default_ks = ints(ks or "3", "--ks")
+    out: list[tuple[str, int]] = []
+    for item in (methods or "").split(","):
+        name, _, kk = item.strip().partition(":")
+        if not name or name == "none":
+            continue
+        if name not in ENGINE_METHODS:
+            raise ConfigError(f"--methods: unknown method {name!r} (known: {', '.join(ENGINE_METHODS)})")
+        out += [(name, k) for k in (ints(kk, f"--methods {name}:") if kk else default_ks)]
+    return out
 
 
 def _prompt(rng: np.random.Generator, n: int, repeat: bool) -> list[int]:
