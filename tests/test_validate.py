@@ -196,3 +196,19 @@ def test_report_section_shows_the_comparison(tmp_path: Path) -> None:
     (tmp_path / "validation.json").write_text(json.dumps(validate_run(tmp_path, CM).to_dict()))
     html = "".join(validation(data(tmp_path)))
     assert "<b>10.0%</b> over 2 SD cell(s), 1 above 10%" in html and "+20.0%" in html and "test-cpu" in html
+
+
+def test_cli_validate_errors_and_stdout_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from speclab.cli import main
+
+    _write_run(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", str(tmp_path)])  # no timings.csv and no --cost-model: a one-line error
+    assert exc.value.code == 2 and "no timings.csv" in capsys.readouterr().err
+    (tmp_path / "cm.toml").write_text(CM.to_toml())
+    main(["validate", str(tmp_path), "--cost-model", str(tmp_path / "cm.toml"), "--json", "-"])
+    data = json.loads(capsys.readouterr().out)
+    assert data["cost_model"] == f"test-cpu ({tmp_path / 'cm.toml'})" and data["summary"][
+        "mean_abs_speedup_err"
+    ] == pytest.approx(0, abs=1e-9)
+    assert not (tmp_path / "validation.json").exists()

@@ -159,7 +159,8 @@ FITS = ("linear", "best")
 
 def _load_cost_model(run: Path, name: str | None, fit: str) -> tuple[CostModel, str]:
     if name:
-        return get_cost_model(name), name
+        cm = get_cost_model(name)
+        return cm, cm.name if cm.name == name else f"{cm.name} ({name})"
     path = run / "timings.csv"
     if not path.is_file():
         raise SpeclabError(f"{run}: no timings.csv to fit a cost model from; give --cost-model NAME")
