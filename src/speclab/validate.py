@@ -52,6 +52,7 @@ class CellCheck:
     speedup_err: float | None  # predicted / measured - 1
     throughput_err: float | None
     loadavg_1m: float | None  # the machine's load when the cell finished (contention)
+    cpus: int | None = None
     # engine steps: measured (the cell's engine.step() calls) and simulated; equal counts mean the
     # acceptance and batching were reproduced and any error lies in the time per step (the cost model)
     measured_steps: int | None = None
@@ -80,6 +81,10 @@ class Validation:
             "max_abs_speedup_err": float(np.max(errs)) if errs else None,
             "cells_over_10pct": sum(1 for e in errs if e > 0.10),
             "mean_abs_throughput_err": float(np.mean(terrs)) if terrs else None,
+            # cells that finished with more runnable processes than cores: their timings were inflated
+            "contended_cells": sum(
+                1 for c in self.cells if c.loadavg_1m and c.cpus and c.loadavg_1m > c.cpus
+            ),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -218,6 +223,7 @@ def validate_run(
             speedup_err=None,
             throughput_err=None,
             loadavg_1m=(r.get("host") or {}).get("loadavg_1m"),
+            cpus=(r.get("host") or {}).get("cpus"),
         )
         val.cells.append(check)
         try:
@@ -319,4 +325,10 @@ def format_table(val: Validation) -> list[str]:
         )
     else:
         out.append("no SD cell with a measured and a predicted speedup")
+    if s["contended_cells"]:
+        out.append(
+            f"{s['contended_cells']} of {len(val.cells)} cell(s) finished with a load average above the core "
+            "count: other processes shared the CPUs, so their measured times (and these errors) reflect the "
+            "machine as much as the simulator; validate on a quiet machine"
+        )
     return out

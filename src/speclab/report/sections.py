@@ -336,6 +336,11 @@ def validation(d: ReportData) -> list[str]:
         f"over {esc(s.get('sd_cells'))} SD cell(s), {esc(s.get('cells_over_10pct'))} above 10%. Equal step "
         "counts mean the steps were reproduced and any error is time per step (cost model or load).</p>"
     )
+    if s.get("contended_cells"):
+        h.append(
+            f'<p class="warn">{esc(s["contended_cells"])} cell(s) finished with a load average above the core '
+            "count: their measured times, and so these errors, reflect the machine as much as the simulator.</p>"
+        )
     keys = (
         "label workload batching batch_size measured_tok_s predicted_tok_s measured_speedup predicted_speedup "
         "speedup_err measured_steps predicted_steps loadavg_1m note"
