@@ -259,6 +259,9 @@ def validate_run(
     skipped = [r["cell_id"] for r in rows if r.get("status") != "ok"]
     if skipped:
         notes.append(f"{len(skipped)} failed cell(s) not validated")
+    no_traces = sum(1 for r in rows if r.get("status") == "ok" and not r.get("trace_part"))
+    if no_traces:
+        notes.append(f"{no_traces} ok cell(s) without a trace part (RUN/traces) not validated")
     val.notes = notes
     return val
 

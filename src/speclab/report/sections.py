@@ -327,6 +327,8 @@ def validation(d: ReportData) -> list[str]:
         v = json.loads(path.read_text()) if path.is_file() else validate_run(d.run_path).to_dict()
     except (SpeclabError, OSError, ValueError) as exc:
         return h + [missing(f"No validation: {exc}")]
+    if not v.get("cells"):
+        return h + [missing("No cell of this run has a trace part to simulate.")]
     s = v.get("summary") or {}
     mae = s.get("mean_abs_speedup_err")
     h.append(
