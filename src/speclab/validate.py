@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from speclab.bench.rows import _baseline_match, read_rows
+from speclab.bench.rows import _baseline_match, entry_labels, read_rows
 from speclab.costmodel import CostModel, fit_cost_model, get_cost_model
 from speclab.errors import SpeclabError
 from speclab.simulate import simulate
@@ -169,9 +169,8 @@ def _load_cost_model(run: Path, name: str | None, fit: str) -> tuple[CostModel, 
     path = run / "timings.csv"
     if not path.is_file():
         raise SpeclabError(f"{run}: no timings.csv to fit a cost model from; give --cost-model NAME")
-    if (
-        fit == "best"
-    ):  # the profile's form choice (piecewise target, linear lookup drafting) on held-out steps
+    if fit == "best":
+        # the profile's choice of forms (e.g. piecewise target, linear lookup drafting) on held-out steps
         from speclab.profile.fit import fit_timings_csv
 
         model = fit_timings_csv(path, "run-timings").model
@@ -181,9 +180,8 @@ def _load_cost_model(run: Path, name: str | None, fit: str) -> tuple[CostModel, 
         return model, f"fitted from {path} (best forms on held-out steps: {forms})"
     if fit != "linear":
         raise SpeclabError(f"fit {fit!r}: use {' or '.join(FITS)}")
-    return fit_cost_model(
-        path, name="run-timings"
-    ), f"fitted from {path} (linear, as `speclab cost-models fit`)"
+    model = fit_cost_model(path, name="run-timings")
+    return model, f"fitted from {path} (linear, as `speclab cost-models fit`)"
 
 
 def validate_run(
@@ -197,8 +195,6 @@ def validate_run(
         cm, desc = cost_model, cost_model.name
     else:
         cm, desc = _load_cost_model(run, cost_model, fit)
-    from speclab.bench.rows import entry_labels
-
     labels = dict(zip((r["cell_id"] for r in rows), entry_labels(rows), strict=True))
     ok = [r for r in rows if r.get("status") == "ok" and r.get("trace_part")]
     base_by_match = {_baseline_match(r): r for r in ok if r.get("method") == "none"}
