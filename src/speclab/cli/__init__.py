@@ -30,6 +30,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "traces": ("traces", "Import, export, validate and inspect trace stores."),
     "simulate": ("simulate", "Simulate SD throughput from traces and a cost model."),
     "cost-models": ("cost_models", "List, show and fit cost models."),
+    "profile": ("profile", "Measure the engine's step-time surface and save a fitted cost model."),
+    "validate": ("validate", "Simulate every cell of a bench run and compare with what it measured."),
     "analyze": ("analyze", "Acceptance analysis: per workload and method statistics, oracle gaps."),
     "report": ("report", "Write the HTML report with plots."),
 }

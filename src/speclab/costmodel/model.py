@@ -51,6 +51,9 @@ class TargetCost:
     def time(self, kv_tokens: Any, batched_tokens: Any) -> Any:
         return self.kv * kv_tokens + self.batched * batched_tokens + self.const
 
+    def toml_lines(self) -> list[str]:
+        return [f"kv = {_f(self.kv)}", f"batched = {_f(self.batched)}", f"const = {_f(self.const)}"]
+
 
 @dataclass(frozen=True)
 class DraftCost:
@@ -100,8 +103,9 @@ class CostModel:
     def validate(self, where: str = "") -> CostModel:
         """Raise ConfigError unless every coefficient is usable (see the module docstring); returns self."""
         where = where or f"cost model {self.name!r}"
-        for k in _TARGET_KEYS:
-            _check_coef(getattr(self.target, k), f"{where}: field target.{k}")
+        for k in (*_TARGET_KEYS, "batched_hi"):  # batched_hi: the piecewise form's (speclab.costmodel.forms)
+            if hasattr(self.target, k):
+                _check_coef(getattr(self.target, k), f"{where}: field target.{k}")
         if self.target.batched + self.target.const <= 0:
             raise ConfigError(
                 f"{where}: field target: batched and const are both 0 (a forward pass would take no time)"
@@ -123,9 +127,7 @@ class CostModel:
             f"source = {_q(self.source)}",
             "",
             "[target]",
-            f"kv = {_f(self.target.kv)}",
-            f"batched = {_f(self.target.batched)}",
-            f"const = {_f(self.target.const)}",
+            *self.target.toml_lines(),  # other forms: speclab.costmodel.forms
             "",
             "[overhead]",
             f"per_step = {_f(self.overhead_per_step)}",
@@ -149,7 +151,16 @@ class CostModel:
         for key in ("name", "description", "source"):
             if key in d and not isinstance(d[key], str):
                 raise ConfigError(f"{where}: field {key}: expected a string, got {d[key]!r}")
-        tgt = _section(_table(d, "target", where), _TARGET_KEYS, f"{where}: field target")
+        tgt_raw = _table(d, "target", where)
+        tgt_form = tgt_raw.get("form", "linear")
+        if tgt_form != "linear":  # other forms (piecewise): speclab.costmodel.forms checks their fields
+            from speclab.costmodel.forms import target_from_toml
+
+            _no_unknown(tgt_raw, ("form", *_TARGET_KEYS, "knee", "batched_hi"), f"{where}: field target")
+            target: TargetCost = target_from_toml(tgt_form, tgt_raw, where)
+        else:
+            rest = {k: v for k, v in tgt_raw.items() if k != "form"}
+            target = TargetCost(**_section(rest, _TARGET_KEYS, f"{where}: field target"))
         drafts: dict[str, DraftCost] = {}
         draft_raw = d.get("draft", {})
         if not isinstance(draft_raw, dict):
@@ -171,7 +182,7 @@ class CostModel:
             name=str(d.get("name") or Path(where).stem),
             description=str(d.get("description", "")),
             source=str(d.get("source", "")),
-            target=TargetCost(**tgt),
+            target=target,
             draft=drafts,
             overhead_per_step=ovh["per_step"],
             switch_overhead=ovh["switch"],

@@ -14,6 +14,14 @@ def list_cost_models() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
+def user_dir() -> Path:
+    """Where `speclab profile` saves named cost models (SPECLAB_CACHE or ~/.cache/speclab, /cost_models);
+    get_cost_model finds them by name after the presets."""
+    from speclab.models.prepare import cache_root
+
+    return cache_root() / "cost_models"
+
+
 def preset_path(name: str) -> Path:
     return PRESET_DIR / f"{name}.toml"
 
@@ -26,6 +34,8 @@ def get_cost_model(name_or_path: str | Path | CostModel) -> CostModel:
     p = Path(s)
     if s in list_cost_models():
         p = preset_path(s)
+    elif "/" not in s and (user_dir() / f"{s}.toml").is_file():
+        p = user_dir() / f"{s}.toml"
     elif not (p.suffix == ".toml" or p.exists() or "/" in s):
         raise ConfigError(
             f"unknown cost model {s!r} (presets: {', '.join(list_cost_models())}; or a .toml path)"

@@ -49,7 +49,8 @@ class ReportData:
 NAV = (
     '<nav><a href="#summary">Summary</a><a href="#speedup">Speedup</a><a href="#recommend">Recommendations</a>'
     '<a href="#time">Time split</a><a href="#memory">Memory</a><a href="#acceptance">Acceptance</a>'
-    '<a href="#overlap">Overlap</a><a href="#oracle">Oracle gap</a><a href="#inputs">Inputs</a></nav>'
+    '<a href="#overlap">Overlap</a><a href="#oracle">Oracle gap</a><a href="#validation">Validation</a>'
+    '<a href="#inputs">Inputs</a></nav>'
 )
 
 
@@ -312,6 +313,49 @@ def oracle(d: ReportData) -> list[str]:
     return h + [table(headers, pluck(gap["rows"], keys), left=2)]
 
 
+def validation(d: ReportData) -> list[str]:
+    """Simulated beside measured, per cell (RUN/validation.json from `speclab validate`, else computed here
+    with the cost model fitted from RUN/timings.csv)."""
+    h = ['<h2 id="validation">Validation: the simulator against the measured cells</h2>']
+    if d.run_path is None:
+        return h + [missing("No bench run (--run): nothing to validate against.")]
+    from speclab.errors import SpeclabError
+    from speclab.validate import VALIDATION_JSON, validate_run
+
+    path = d.run_path / VALIDATION_JSON
+    try:
+        v = json.loads(path.read_text()) if path.is_file() else validate_run(d.run_path).to_dict()
+    except (SpeclabError, OSError, ValueError) as exc:
+        return h + [missing(f"No validation: {exc}")]
+    if not v.get("cells"):
+        return h + [missing("No cell of this run has a trace part to simulate.")]
+    s = v.get("summary") or {}
+    mae = s.get("mean_abs_speedup_err")
+    h.append(
+        f"<p>Every cell simulated from its own requests and the acceptance the engine observed (cost model: "
+        f"{esc(v.get('cost_model'))}; {'from ' + esc(path.name) if path.is_file() else 'computed for this report'}"
+        f"). Mean absolute error of the predicted speedup: <b>{'-' if mae is None else f'{100 * mae:.1f}%'}</b> "
+        f"over {esc(s.get('sd_cells'))} SD cell(s), {esc(s.get('cells_over_10pct'))} above 10%. Equal step "
+        "counts mean the steps were reproduced and any error is time per step (cost model or load).</p>"
+    )
+    if s.get("contended_cells"):
+        h.append(
+            f'<p class="warn">{esc(s["contended_cells"])} cell(s) finished with a load average above the core '
+            "count: their measured times, and so these errors, reflect the machine as much as the simulator.</p>"
+        )
+    keys = (
+        "label workload batching batch_size measured_tok_s predicted_tok_s measured_speedup predicted_speedup "
+        "speedup_err measured_steps predicted_steps loadavg_1m note"
+    )
+    headers = ["entry", "workload", "batching", "batch", "measured tok/s", "predicted tok/s", "measured x",
+               "predicted x", "error", "steps", "sim steps", "load", "note"]  # fmt: skip
+    cells = [
+        {**c, "speedup_err": None if c.get("speedup_err") is None else f"{100 * c['speedup_err']:+.1f}%"}
+        for c in v.get("cells") or []
+    ]
+    return h + [table(headers, pluck(cells, keys), left=3)]
+
+
 def _run_config(rows: list[dict[str, Any]]) -> list[list[Any]]:
     """Distinct values of the columns that describe how the cells were run."""
     keys = ("target", "dtype", "seed", "max_tokens", "num_prompts", "batching", "method_options")
@@ -350,4 +394,4 @@ def inputs(d: ReportData) -> list[str]:
 
 
 # The report's sections in page order (the nav bar above links to their ids).
-SECTIONS = (summary, speedup, recommend, time_and_memory, acceptance, overlap, oracle, inputs)
+SECTIONS = (summary, speedup, recommend, time_and_memory, acceptance, overlap, oracle, validation, inputs)

@@ -1,0 +1,213 @@
+"""Fit a cost model to profiled cells and measure its error on the held-out cells.
+
+Target forward: the study's linear form (speclab.costmodel.fit, least squares) and the piecewise form
+(speclab.costmodel.forms; least squares on relative error, the knee chosen from a grid). Drafting per
+method: the registered forms that apply (lookup proposers: the study's verify fraction and linear; model
+drafters: linear and chained). Each kind keeps the form with the lower error on the held-out cells (both
+errors are reported, so the choice is visible); the overhead is the mean of the training rows.
+Error = mean absolute relative error per row, and the relative error of the summed time (what a
+throughput prediction depends on).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speclab.costmodel.fit import fit_cost_model_report
+from speclab.costmodel.forms import PiecewiseTargetCost
+from speclab.costmodel.model import CostModel, DraftCost, TargetCost
+from speclab.errors import ConfigError
+from speclab.methods.catalog import MODEL_FREE
+from speclab.profile.run import CellTimings
+from speclab.timings import COLUMNS, TimingsRow, append_timings
+
+KNEES = (2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass
+class FormError:
+    kind: str
+    form: str
+    train_rows: int
+    test_rows: int
+    mean_abs_rel_err: float | None  # held-out rows
+    total_rel_err: float | None  # held-out: sum(predicted) / sum(measured) - 1
+    cell_abs_err: float | None = None  # mean over held-out cells of |its summed time's relative error|
+    chosen: bool = False
+
+
+@dataclass
+class ProfileFit:
+    model: CostModel
+    errors: list[FormError] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cost_model": self.model.name, "errors": [vars(e) for e in self.errors], "notes": self.notes}
+
+
+def _arr(rows: list[TimingsRow]) -> np.ndarray:
+    return np.asarray([r.values for r in rows], dtype=np.float64).reshape(-1, len(COLUMNS) - 1)
+
+
+def fit_piecewise(kv: np.ndarray, bt: np.ndarray, sec: np.ndarray) -> PiecewiseTargetCost:
+    """Least squares on relative error (each row weighted 1 / seconds), for every knee in KNEES."""
+    w = 1.0 / np.maximum(sec, 1e-9)
+    best: tuple[float, PiecewiseTargetCost] | None = None
+    for knee in KNEES:
+        x = np.column_stack([kv, np.minimum(bt, knee), np.maximum(bt - knee, 0.0), np.ones_like(kv)])
+        if len(sec) < x.shape[1]:
+            continue
+        c, *_ = np.linalg.lstsq(x * w[:, None], sec * w, rcond=None)
+        sse = float((((x @ c) - sec) * w) ** 2 @ np.ones_like(sec))
+        cand = PiecewiseTargetCost(
+            kv=float(c[0]), batched=float(c[1]), const=float(c[3]), knee=float(knee), batched_hi=float(c[2])
+        )
+        if best is None or sse < best[0]:
+            best = (sse, cand)
+    if best is None:
+        raise ConfigError(f"profile: {len(sec)} target row(s), too few to fit the piecewise form")
+    return best[1]
+
+
+def draft_time(cost: DraftCost, target: TargetCost, a: np.ndarray) -> np.ndarray:
+    """A drafting cost applied to timing rows, as the fit reads them (speclab.costmodel.fit)."""
+    kv, bt, ns, nr = a[:, 0], a[:, 1], a[:, 2], a[:, 3]
+    if cost.form == "verify_fraction":
+        return cost.fraction * np.asarray(target.time(kv, bt))
+    if cost.form == "linear":
+        return cost.kv * kv + cost.num_spec * ns + cost.const
+    passes = np.ceil(ns / np.maximum(nr, 1))
+    return passes * (cost.kv * kv + cost.const) + cost.num_spec * ns
+
+
+def _err(
+    pred: np.ndarray, sec: np.ndarray, cell: np.ndarray
+) -> tuple[float | None, float | None, float | None]:
+    """(mean |relative error| per row, relative error of the sum, mean over cells of |relative error of
+    the cell's sum|): a throughput prediction depends on a cell's summed time, so forms are chosen by it."""
+    if len(sec) == 0:
+        return None, None, None
+    ok = sec > 0
+    mare = float(np.mean(np.abs(pred[ok] - sec[ok]) / sec[ok])) if ok.any() else None
+    tot = float(pred.sum() / sec.sum() - 1.0) if sec.sum() > 0 else None
+    per = [
+        abs(pred[cell == c].sum() / sec[cell == c].sum() - 1.0)
+        for c in np.unique(cell)
+        if sec[cell == c].sum() > 0
+    ]
+    return mare, tot, float(np.mean(per)) if per else None
+
+
+def _fit_linear_forms(rows: list[TimingsRow], draft_form: str) -> tuple[CostModel, list[str]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "train.csv"
+        append_timings(path, (r.fields for r in rows))
+        model, rep = fit_cost_model_report(path, name="profile", draft_form=draft_form)
+    return model, rep.notes
+
+
+def fit_profile(cells: list[CellTimings], name: str, description: str = "") -> ProfileFit:
+    """Fit on the cells not held out, report the error on the held-out ones, keep the better form per kind."""
+    train = [r for c in cells if not c.cell.holdout for r in c.rows]
+    if not any(r.kind == "target" for r in train):
+        raise ConfigError("profile: no target timings to fit (did every cell fail?)")
+    lin, notes = _fit_linear_forms(train, "linear")
+    chained, _ = _fit_linear_forms(train, "chained")
+    errors: list[FormError] = []
+
+    def split(kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Training rows, held-out rows and each held-out row's cell index."""
+        held = [(i, r) for i, c in enumerate(cells) if c.cell.holdout for r in c.rows if r.kind == kind]
+        return (
+            _arr([r for r in train if r.kind == kind]),
+            _arr([r for _, r in held]),
+            np.asarray([i for i, _ in held], dtype=np.int64),
+        )
+
+    tr, te, tc_ = split("target")
+    pw = fit_piecewise(tr[:, 0], tr[:, 1], tr[:, 4])
+    cands: list[tuple[str, TargetCost]] = [("linear", lin.target), ("piecewise", pw)]
+    scored = []
+    for form, tc in cands:
+        m, t, c = _err(np.asarray(tc.time(te[:, 0], te[:, 1]), dtype=float), te[:, 4], tc_)
+        scored.append(FormError("target", form, len(tr), len(te), m, t, c))
+    pick = _pick(scored)
+    target = dict(cands)[pick.form]
+    errors += scored
+    drafts: dict[str, DraftCost] = {}
+    for kind in sorted({r.kind for r in train if r.kind.startswith("draft:")}):
+        method = kind.split(":", 1)[1]
+        tr, te, tc_ = split(kind)
+        forms: list[tuple[str, DraftCost]] = []
+        if method in MODEL_FREE:
+            forms.append(("verify_fraction", lin.draft[method]))
+            forms.append(("linear", _fit_draft_linear(tr)))
+        else:
+            forms += [("linear", lin.draft[method]), ("chained", chained.draft[method])]
+        scored = []
+        for form, dc in forms:
+            m, t, c = _err(draft_time(dc, target, te), te[:, 4], tc_)
+            scored.append(FormError(kind, form, len(tr), len(te), m, t, c))
+        p = _pick(scored)
+        drafts[method] = dict(forms)[p.form]
+        errors += scored
+    ov_tr, ov_te, ov_c = split("overhead")
+    overhead = float(ov_tr[:, 4].mean()) if len(ov_tr) else 0.0
+    m, t, c = _err(np.full(len(ov_te), overhead), ov_te[:, 4], ov_c)
+    errors.append(FormError("overhead", "mean", len(ov_tr), len(ov_te), m, t, c, chosen=True))
+    model = CostModel(
+        name=name,
+        target=target,
+        draft=drafts,
+        overhead_per_step=overhead,
+        description=description or f"profiled by `speclab profile` ({len(cells)} cells)",
+        source="speclab profile",
+    )
+    return ProfileFit(model=model, errors=errors, notes=notes)
+
+
+def _fit_draft_linear(a: np.ndarray) -> DraftCost:
+    """Linear drafting for a lookup proposer: on CPU its cost is a search, not a share of the forward."""
+    x = np.column_stack([a[:, 0], a[:, 2], np.ones(len(a))])
+    if len(a) < 3:
+        return DraftCost(form="linear", const=float(a[:, 4].mean()) if len(a) else 0.0)
+    c, *_ = np.linalg.lstsq(x, a[:, 4], rcond=None)
+    return DraftCost(form="linear", kv=float(c[0]), num_spec=float(c[1]), const=float(c[2]))
+
+
+def _pick(scored: list[FormError]) -> FormError:
+    """The form with the lower held-out error of the cells' summed time (the first listed when nothing
+    was held out)."""
+    ok = [e for e in scored if e.cell_abs_err is not None]
+    best = min(ok, key=lambda e: e.cell_abs_err) if ok else scored[0]  # type: ignore[arg-type,return-value]
+    best.chosen = True
+    return best
+
+
+def fit_timings_csv(path: str | Path, name: str, chunk_steps: int = 64) -> ProfileFit:
+    """Fit a timings CSV that is not cut into cells (e.g. a bench run's RUN/timings.csv) like a profile:
+    consecutive runs of `chunk_steps` steps stand in for cells, every fourth held out."""
+    from speclab.profile.plan import HOLDOUT_EVERY, ProfileCell
+    from speclab.timings import read_timings
+
+    rows = read_timings(path)
+    cells: list[CellTimings] = []
+    cur: list[TimingsRow] = []
+    steps = 0
+    for r in rows + [TimingsRow("target", (0.0,) * (len(COLUMNS) - 1), ())]:  # a sentinel closes the last
+        if r.kind == "target":
+            if steps == chunk_steps or (r.fields == () and cur):
+                i = len(cells)
+                cell = ProfileCell(f"chunk{i}", 0, 0, 0, holdout=i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1)
+                cells.append(CellTimings("run", cell, cur))
+                cur, steps = [], 0
+            steps += 1
+        if r.fields != ():
+            cur.append(r)
+    return fit_profile(cells, name, f"fitted from {path} (speclab.profile.fit: best form on held-out steps)")
