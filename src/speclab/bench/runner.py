@@ -29,6 +29,7 @@ from speclab.bench.attempts import Attempt, finished_results, merge_timings, new
 from speclab.bench.cells import Cell, EngineGroup, expand_cells, group_engines
 from speclab.bench.preflight import PromptSet
 from speclab.bench.progress import Eta, Progress, format_cell_line
+from speclab.bench.repeats import add_run, apply_pairs, run_entry, runs_done, split_unit, summarise_runs
 from speclab.bench.results import (
     ResultsStore,
     apply_baseline,
@@ -39,6 +40,7 @@ from speclab.bench.results import (
 )
 from speclab.bench.spec import SweepSpec
 from speclab.engine.launch import ResultTail, describe_exit, launch_worker, log_tail, stop_worker
+from speclab.engine.measure import loadavg
 from speclab.engine.protocol import CellResult
 from speclab.errors import ConfigError
 
@@ -137,10 +139,11 @@ class SweepRunner:
             self._redone = set(again)
             store.flush()
             self.echo(f"measuring {len(again)} cell(s) again: {', '.join(again)}")
-        skipped = sum(1 for c in self.cells if store.is_ok(c.cell_id))
+        skipped = sum(1 for c in self.cells if not self._missing(c))
         self._recover()
         merge_timings(self.run_dir)
-        pending = [c for c in self.cells if not store.is_ok(c.cell_id)]
+        missing = {c.cell_id: self._missing(c) for c in self.cells}
+        pending = [c for c in self.cells if missing[c.cell_id]]
         groups = group_engines(self.spec, self.cells)  # max_num_seqs from all cells, not just pending
         pending_ids = {c.cell_id for c in pending}
         todo = []
@@ -157,10 +160,18 @@ class SweepRunner:
                 f"resuming {rd}: {skipped + n_recovered} of {len(self.cells)} cells already done"
                 + (f" ({n_recovered} recovered from a killed run)" if n_recovered else "")
             )
+        interleaved = self.spec.repeats > 1
+        if interleaved:
+            from speclab.bench.interleave import Interleaver, unit_groups
+
+            todo = unit_groups(todo, missing)
         self._eta = Eta(todo, self.spec.enforce_eager)
-        self._progress = Progress(len(pending), self.progress_enabled, self.echo, self._eta)
+        n_units = sum(len(g.cells) for g in todo)
+        self._progress = Progress(n_units, self.progress_enabled, self.echo, self._eta)
         try:
-            for gi, g in enumerate(todo, 1):
+            if interleaved:
+                Interleaver(self, todo).run()
+            for gi, g in enumerate([] if interleaved else todo, 1):
                 self._run_group(g, gi, len(todo))
                 self._eta.engine_done(g)
         except (KeyboardInterrupt, _Terminated):
@@ -206,12 +217,22 @@ class SweepRunner:
                 )
         return ps
 
-    def _recover(self) -> None:
-        """Ingest cells a previous worker finished but the (killed) runner never recorded."""
+    def _missing(self, c: Cell) -> list[int]:
+        """The repeats of a cell still to measure: all of them unless repeat 1 is ok."""
         assert self.store is not None
-        for engine_id, res, prompts, cats in finished_results(self.run_dir):
-            cell = self.by_id.get(res.cell_id)
-            if cell is None or self.store.is_ok(res.cell_id) or cell.cell_id in self._redone:
+        done = runs_done(self.store.rows.get(c.cell_id))
+        if 1 not in done:
+            return list(range(1, self.spec.repeats + 1))
+        return [r for r in range(2, self.spec.repeats + 1) if r not in done]
+
+    def _recover(self) -> None:
+        """Ingest cells (and repeats) a previous worker finished but the (killed) runner never recorded."""
+        assert self.store is not None
+        found = sorted(finished_results(self.run_dir), key=lambda t: split_unit(t[1].cell_id)[1])
+        for engine_id, res, prompts, cats in found:
+            cid, rep = split_unit(res.cell_id)
+            cell = self.by_id.get(cid)
+            if cell is None or cid in self._redone or rep not in self._missing(cell):
                 continue
             self._ingest(cell, res, prompts, cats.get(cell.workload, "other"), engine_id, count="recovered")
 
@@ -331,8 +352,14 @@ class SweepRunner:
         count: str | None = None,
     ) -> None:
         """Turn a worker result into the cell's results row (and trace part) and show it. `count`: the
-        counter it adds to (default: "ok" or "failed" by its status)."""
+        counter it adds to (default: "ok" or "failed" by its status). A result for repeat r > 1 (its cell id
+        is a unit id) adds a run to the cell's row instead."""
         assert self.store is not None
+        cid, rep = split_unit(res.cell_id)
+        cell = self.by_id.get(cid, cell)
+        if rep > 1:
+            self._ingest_repeat(cell, res, rep, count)
+            return
         trace_part = None
         if res.status == "ok":
             trace_part = write_trace_part(
@@ -350,10 +377,75 @@ class SweepRunner:
             baseline_row=base_row,
             baseline_out=base_out,
         )
+        if self.spec.repeats > 1 and res.status == "ok":
+            row["runs"] = [run_entry(res, 1, (row.get("host") or {}).get("loadavg_1m"))]
+            summarise_runs(row)
+            if base_row is not None and base_row.get("status") == "ok":
+                apply_pairs(row, base_row)
         self.store.put(row)
         self.counts[count or ("ok" if res.status == "ok" else "failed")] += 1
         if self._progress is not None:
-            self._progress.line(format_cell_line(row))
+            self._progress.line(
+                format_cell_line(row) + (f"  [repeat 1/{self.spec.repeats}]" if self.spec.repeats > 1 else "")
+            )
+            self._progress.advance()
+
+    def _ingest_repeat(self, cell: Cell, res: CellResult, rep: int, count: str | None) -> None:
+        """Add repeat `rep` of a cell to its row: the throughput median, spread and matched-pair speedups of
+        the row (and, for a baseline, of the SD rows paired with it) are brought up to date."""
+        assert self.store is not None
+        row = self.store.rows.get(cell.cell_id)
+        line = f"  {cell.method.label:<16} {cell.workload:<20} {cell.batching[:4]} b{cell.batch_size:<4}"
+        if res.status != "ok" or row is None or row.get("status") != "ok":
+            self.counts[count or "failed"] += 1
+            if self._progress is not None:
+                self._progress.line(f"{line} repeat {rep} FAILED: {res.error or 'repeat 1 is not ok'}")
+                self._progress.advance()
+            return
+        add_run(row, run_entry(res, rep, loadavg()))
+        changed = [row]
+        if cell.is_baseline:
+            for c in self.cells:
+                r = self.store.rows.get(c.cell_id)
+                if not c.is_baseline and c.baseline_key == cell.baseline_key and r and r.get("runs"):
+                    changed.append(r)
+        for r in changed:
+            base = self._baseline_row(self.by_id[r["cell_id"]]) if r["method"] != "none" else None
+            if base is not None:
+                apply_pairs(r, base)
+            self.store.put(r)
+        self.counts[count or "ok"] += 1
+        if self._progress is not None:
+            tput = row["runs"][-1]["throughput_tok_s"] if row["runs"] else None
+            self._progress.line(
+                format_cell_line(row) + f"  [repeat {rep}/{self.spec.repeats}: {tput or 0:.1f} tok/s]"
+            )
+            self._progress.advance()
+
+    def _baseline_row(self, cell: Cell) -> dict[str, Any] | None:
+        """The ok row of the cell's no-SD cell, if any."""
+        assert self.store is not None
+        base = next((c for c in self.cells if c.is_baseline and c.baseline_key == cell.baseline_key), None)
+        row = self.store.rows.get(base.cell_id) if base is not None else None
+        return row if row is not None and row.get("status") == "ok" else None
+
+    def _fail_unit(self, unit: Cell, g: EngineGroup, reason: str) -> None:
+        """A unit that did not run: repeat 1 fails its cell's row; a later repeat is counted failed."""
+        cid, rep = split_unit(unit.cell_id)
+        if rep == 1:
+            self._fail(self.by_id[cid], g, reason)
+            return
+        if self._eta is not None:
+            self._eta.cell_dropped(unit)
+        self._ingest_repeat(
+            self.by_id[cid], CellResult(cell_id=unit.cell_id, status="failed", error=reason), rep, None
+        )
+
+    def _drop_unit(self, unit: Cell) -> None:
+        """A later repeat of a cell whose repeat 1 failed: nothing to measure it against; not run."""
+        if self._eta is not None:
+            self._eta.cell_dropped(unit)
+        if self._progress is not None:
             self._progress.advance()
 
     def _baseline_for(self, cell: Cell) -> tuple[dict[str, Any] | None, dict[str, list[int]] | None]:
@@ -385,6 +477,9 @@ class SweepRunner:
             base_row, base_out = self._baseline_for(c)
             if base_row is None or base_out is None:
                 continue
+            if row.get("runs"):  # matched pairs with the baseline's repeats as they are now
+                apply_pairs(row, base_row)
+                self.store.put(row)
             redone = base_row["cell_id"] in self._redone
             if row.get("speedup") is not None and row.get("lossless") is not None and not redone:
                 continue

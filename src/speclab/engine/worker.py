@@ -44,6 +44,8 @@ from speclab.engine.protocol import (
     RequestResult,
     TimeSplit,
     append_result,
+    gate_lines,
+    gate_ready_path,
     read_job,
 )
 from speclab.errors import SpeclabError
@@ -381,29 +383,41 @@ def run_job(job: Job, out: str) -> int:
             engine.warmup(job.cells[0])
         except Exception:
             traceback.print_exc()
+    if job.gate:
+        # gated (repeats interleaved across engines): say we are warm, then run what the runner asks for
+        by_id = {c.cell_id: c for c in job.cells}
+        gate_ready_path(job.gate).touch()
+        for cell_id in gate_lines(job.gate):
+            if cell_id in by_id:
+                _run_one(engine, by_id[cell_id], job, out)
+        return 0
     for cell in job.cells:
-        try:
-            res = engine.run_cell(cell)
-        except Exception as exc:
-            traceback.print_exc()
-            res = _failed(cell, _short(exc), engine.info)
-        append_result(out, res)
-        if res.status == "ok" and job.timings_csv:
-            try:
-                append_timings(job.timings_csv, (r.as_list() for r in engine.profiler.rows))
-            except OSError as exc:
-                print(f"speclab worker: cannot append timings: {exc}", file=sys.stderr)
-        print(
-            f"speclab worker: cell {cell.cell_id}: {res.status}"
-            + (
-                f" {res.output_tokens} tokens in {res.elapsed_s:.2f} s"
-                if res.status == "ok"
-                else f" ({res.error})"
-            ),
-            file=sys.stderr,
-            flush=True,
-        )
+        _run_one(engine, cell, job, out)
     return 0
+
+
+def _run_one(engine: Engine, cell: CellSpec, job: Job, out: str) -> None:
+    try:
+        res = engine.run_cell(cell)
+    except Exception as exc:
+        traceback.print_exc()
+        res = _failed(cell, _short(exc), engine.info)
+    append_result(out, res)
+    if res.status == "ok" and job.timings_csv:
+        try:
+            append_timings(job.timings_csv, (r.as_list() for r in engine.profiler.rows))
+        except OSError as exc:
+            print(f"speclab worker: cannot append timings: {exc}", file=sys.stderr)
+    print(
+        f"speclab worker: cell {cell.cell_id}: {res.status}"
+        + (
+            f" {res.output_tokens} tokens in {res.elapsed_s:.2f} s"
+            if res.status == "ok"
+            else f" ({res.error})"
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
