@@ -179,3 +179,17 @@ def test_contention_flag_in_bench_show_and_the_report_summary():
     quiet = [row("none", "none", [10.0]), row("ngram-k3", "ngram", [20.0])]
     html = "".join(summary(ReportData(rows=quiet, run_path=None, traces=None, analysis={}, recs=[], figs={})))
     assert "Contention" not in html
+
+
+def test_repeats_in_sweeps_presets_and_overrides():
+    from speclab.bench.api import load_sweep_source
+    from speclab.errors import ConfigError
+
+    spec, _ = load_sweep_source(preset="demo-cpu")
+    assert spec.repeats == 2 and spec.to_dict()["repeats"] == 2
+    assert load_sweep_source(preset="demo-cpu", overrides={"repeats": 3})[0].repeats == 3
+    assert load_sweep_source(preset="study-llama3.1-8b")[0].repeats == 1  # the default
+    with pytest.raises(ConfigError, match="field repeats: must be >= 1"):
+        load_sweep_source(preset="demo-cpu", overrides={"repeats": 0})
+    with pytest.raises(ConfigError, match="field repeats: expected an integer"):
+        load_sweep_source(preset="demo-cpu", overrides={"repeats": "3"})
