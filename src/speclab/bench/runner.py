@@ -27,9 +27,10 @@ from typing import Any
 from speclab.atomic import atomic_write_text
 from speclab.bench.attempts import Attempt, finished_results, merge_timings, new_attempt
 from speclab.bench.cells import Cell, EngineGroup, expand_cells, group_engines
+from speclab.bench.interleave import Interleaver, RepeatUnits, unit_groups
 from speclab.bench.preflight import PromptSet
 from speclab.bench.progress import Eta, Progress, format_cell_line
-from speclab.bench.repeats import add_run, apply_pairs, run_entry, runs_done, split_unit, summarise_runs
+from speclab.bench.repeats import apply_pairs, run_entry, runs_done, split_unit, summarise_runs
 from speclab.bench.results import (
     ResultsStore,
     apply_baseline,
@@ -40,7 +41,6 @@ from speclab.bench.results import (
 )
 from speclab.bench.spec import SweepSpec
 from speclab.engine.launch import ResultTail, describe_exit, launch_worker, log_tail, stop_worker
-from speclab.engine.measure import loadavg
 from speclab.engine.protocol import CellResult
 from speclab.errors import ConfigError
 
@@ -78,7 +78,7 @@ def _sigterm(signum: int, frame: Any) -> None:
     raise _Terminated()
 
 
-class SweepRunner:
+class SweepRunner(RepeatUnits):
     def __init__(
         self,
         spec: SweepSpec,
@@ -162,8 +162,6 @@ class SweepRunner:
             )
         interleaved = self.spec.repeats > 1
         if interleaved:
-            from speclab.bench.interleave import Interleaver, unit_groups
-
             todo = unit_groups(todo, missing)
         self._eta = Eta(todo, self.spec.enforce_eager)
         n_units = sum(len(g.cells) for g in todo)
@@ -388,64 +386,6 @@ class SweepRunner:
             self._progress.line(
                 format_cell_line(row) + (f"  [repeat 1/{self.spec.repeats}]" if self.spec.repeats > 1 else "")
             )
-            self._progress.advance()
-
-    def _ingest_repeat(self, cell: Cell, res: CellResult, rep: int, count: str | None) -> None:
-        """Add repeat `rep` of a cell to its row: the throughput median, spread and matched-pair speedups of
-        the row (and, for a baseline, of the SD rows paired with it) are brought up to date."""
-        assert self.store is not None
-        row = self.store.rows.get(cell.cell_id)
-        line = f"  {cell.method.label:<16} {cell.workload:<20} {cell.batching[:4]} b{cell.batch_size:<4}"
-        if res.status != "ok" or row is None or row.get("status") != "ok":
-            self.counts[count or "failed"] += 1
-            if self._progress is not None:
-                self._progress.line(f"{line} repeat {rep} FAILED: {res.error or 'repeat 1 is not ok'}")
-                self._progress.advance()
-            return
-        add_run(row, run_entry(res, rep, loadavg()))
-        changed = [row]
-        if cell.is_baseline:
-            for c in self.cells:
-                r = self.store.rows.get(c.cell_id)
-                if not c.is_baseline and c.baseline_key == cell.baseline_key and r and r.get("runs"):
-                    changed.append(r)
-        for r in changed:
-            base = self._baseline_row(self.by_id[r["cell_id"]]) if r["method"] != "none" else None
-            if base is not None:
-                apply_pairs(r, base)
-            self.store.put(r)
-        self.counts[count or "ok"] += 1
-        if self._progress is not None:
-            tput = row["runs"][-1]["throughput_tok_s"] if row["runs"] else None
-            self._progress.line(
-                format_cell_line(row) + f"  [repeat {rep}/{self.spec.repeats}: {tput or 0:.1f} tok/s]"
-            )
-            self._progress.advance()
-
-    def _baseline_row(self, cell: Cell) -> dict[str, Any] | None:
-        """The ok row of the cell's no-SD cell, if any."""
-        assert self.store is not None
-        base = next((c for c in self.cells if c.is_baseline and c.baseline_key == cell.baseline_key), None)
-        row = self.store.rows.get(base.cell_id) if base is not None else None
-        return row if row is not None and row.get("status") == "ok" else None
-
-    def _fail_unit(self, unit: Cell, g: EngineGroup, reason: str) -> None:
-        """A unit that did not run: repeat 1 fails its cell's row; a later repeat is counted failed."""
-        cid, rep = split_unit(unit.cell_id)
-        if rep == 1:
-            self._fail(self.by_id[cid], g, reason)
-            return
-        if self._eta is not None:
-            self._eta.cell_dropped(unit)
-        self._ingest_repeat(
-            self.by_id[cid], CellResult(cell_id=unit.cell_id, status="failed", error=reason), rep, None
-        )
-
-    def _drop_unit(self, unit: Cell) -> None:
-        """A later repeat of a cell whose repeat 1 failed: nothing to measure it against; not run."""
-        if self._eta is not None:
-            self._eta.cell_dropped(unit)
-        if self._progress is not None:
             self._progress.advance()
 
     def _baseline_for(self, cell: Cell) -> tuple[dict[str, Any] | None, dict[str, list[int]] | None]:
