@@ -98,6 +98,15 @@ def test_evidence_rules():
     assert evidence(single) == ("slower", 0.8, "one run")
     kind, _, why = evidence({"speedup": 0.8, "host": {"loadavg_1m": BUSY, "cpus": 2}})
     assert kind == "unsure" and "one run" in why and "6.0 on 2 CPUs" in why
+    # CPU pressure (PSI: share of the cell in which some task waited for a CPU) flags a cell the load
+    # average (a 1-minute mean) has not caught up with yet
+    hot = row("a", "ngram", [12.0, 13.0, 11.0])
+    hot["runs"][1]["cpu_pressure"] = 0.8
+    sd = paired(base, hot)
+    assert [p["contended"] for p in sd["speedup_runs"]] == [False, True, False]
+    assert "2 quiet matched pair(s) of 3" in evidence(sd)[2]
+    assert contended({"host": {"loadavg_1m": 1.0, "cpus": 2}, "engine_info": {"cpu_pressure": 0.7}})
+    assert not contended({"host": {"loadavg_1m": 1.0, "cpus": 2}, "engine_info": {"cpu_pressure": 0.1}})
     assert contended({"host": {"loadavg_1m": 2.6, "cpus": 2}}) and not contended(
         {"host": {"loadavg_1m": 2.2, "cpus": 2}}
     )

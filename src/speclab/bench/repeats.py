@@ -21,9 +21,12 @@ from typing import Any
 
 from speclab.engine.protocol import CellResult
 
-# A cell counts as contended when the 1-minute load average exceeded this many times the CPU count: the bench
-# itself keeps about one runnable thread per CPU busy, so a value above that means other processes competed.
+# A cell counts as contended when the 1-minute load average exceeded this many times the CPU count (the bench
+# itself keeps about one runnable thread per CPU busy, so more means other processes competed), or when some
+# task waited for a CPU during more than this share of the cell's time (Linux PSI, where the kernel has it;
+# it reacts within the cell, where the load average lags by about a minute).
 CONTENDED_LOAD_FACTOR = 1.25
+CONTENDED_PRESSURE = 0.5
 
 
 def unit_id(cell_id: str, repeat: int) -> str:
@@ -48,6 +51,7 @@ def run_entry(res: CellResult, repeat: int, loadavg_now: float | None) -> dict[s
         "output_tokens": res.output_tokens,
         "elapsed_s": res.elapsed_s,
         "loadavg_1m": max(loads) if loads else None,
+        "cpu_pressure": info.get("cpu_pressure"),
         "cpus": info.get("cpus") or os.cpu_count(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -61,18 +65,27 @@ def runs_done(row: dict[str, Any] | None) -> set[int]:
     return {int(r["repeat"]) for r in runs} if runs else {1}
 
 
-def load_is_contended(load: float | None, cpus: int | None) -> bool:
+def load_is_contended(load: float | None, cpus: int | None, pressure: float | None = None) -> bool:
+    if pressure is not None and pressure > CONTENDED_PRESSURE:
+        return True
     return load is not None and bool(cpus) and load > CONTENDED_LOAD_FACTOR * cpus  # type: ignore[operator]
+
+
+def row_pressure(row: dict[str, Any]) -> float | None:
+    """The highest CPU pressure over a row's measurements (None where not recorded)."""
+    vals = [(row.get("host") or {}).get("cpu_pressure"), (row.get("engine_info") or {}).get("cpu_pressure")]
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else None
 
 
 def contended(row: dict[str, Any]) -> bool:
     """Did any measurement of this row run while other processes competed for the CPUs?"""
     host = row.get("host") or {}
-    return load_is_contended(host.get("loadavg_1m"), host.get("cpus"))
+    return load_is_contended(host.get("loadavg_1m"), host.get("cpus"), row_pressure(row))
 
 
 def _run_contended(run: dict[str, Any]) -> bool:
-    return load_is_contended(run.get("loadavg_1m"), run.get("cpus"))
+    return load_is_contended(run.get("loadavg_1m"), run.get("cpus"), run.get("cpu_pressure"))
 
 
 def _runs_of(row: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -85,6 +98,7 @@ def _runs_of(row: dict[str, Any]) -> dict[int, dict[str, Any]]:
             "repeat": 1,
             "throughput_tok_s": row.get("throughput_tok_s"),
             "loadavg_1m": host.get("loadavg_1m"),
+            "cpu_pressure": row_pressure(row),
             "cpus": host.get("cpus"),
         }
     }
@@ -112,6 +126,9 @@ def summarise_runs(row: dict[str, Any]) -> None:
     host = row.setdefault("host", {})
     if loads:
         host["loadavg_1m"] = max(loads)
+    pressures = [r["cpu_pressure"] for r in runs if r.get("cpu_pressure") is not None]
+    if pressures:
+        host["cpu_pressure"] = max(pressures)
     host.setdefault("cpus", next((r.get("cpus") for r in runs if r.get("cpus")), os.cpu_count()))
 
 
@@ -158,8 +175,8 @@ def evidence(row: dict[str, Any]) -> tuple[str, float | None, str]:
                 "unsure",
                 sp,
                 (
-                    f"one run, measured while the load average was {host.get('loadavg_1m')} on "
-                    f"{host.get('cpus')} CPUs (other processes competed)"
+                    "one run, measured while other processes competed for the CPUs (load average "
+                    f"{host.get('loadavg_1m')} on {host.get('cpus')} CPUs, CPU pressure {row_pressure(row)})"
                 ),
             )
         return ("faster" if sp >= 1.0 else "slower"), sp, "one run"

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from speclab.bench.repeats import CONTENDED_LOAD_FACTOR, contended
+from speclab.bench.repeats import CONTENDED_LOAD_FACTOR, CONTENDED_PRESSURE, contended, row_pressure
 from speclab.bench.rows import fill_speedups, read_rows
 
 
@@ -190,11 +190,18 @@ def contention_note(rows: list[dict[str, Any]]) -> str | None:
     busy = [r for r in rows if contended(r)]
     if not busy:
         return None
-    worst = max(r["host"]["loadavg_1m"] for r in busy)
+    loads = [r["host"]["loadavg_1m"] for r in busy if (r.get("host") or {}).get("loadavg_1m") is not None]
+    pressures = [p for r in busy if (p := row_pressure(r)) is not None]
+    seen = []
+    if loads:
+        seen.append(f"load average up to {max(loads):.1f} on {busy[0]['host'].get('cpus')} CPUs")
+    if pressures:
+        seen.append(f"some task waiting for a CPU up to {100 * max(pressures):.0f}% of the time")
     return (
-        f"{len(busy)} of {len(rows)} cell(s) ran while the load average exceeded {CONTENDED_LOAD_FACTOR:g}x "
-        f"the CPU count (up to {worst:.1f} on {busy[0]['host']['cpus']} CPUs): other processes competed for "
-        "the CPUs, their throughputs are noisy and their speedups may be biased; rerun them on a quiet machine"
+        f"{len(busy)} of {len(rows)} cell(s) ran while other processes competed for the CPUs "
+        f"({'; '.join(seen)}; contended: load above {CONTENDED_LOAD_FACTOR:g}x the CPU count or CPU pressure "
+        f"above {100 * CONTENDED_PRESSURE:.0f}%): their throughputs are noisy and their speedups may be biased; "
+        "rerun them on a quiet machine"
     )
 
 

@@ -294,6 +294,7 @@ class Engine:
         self.profiler.reset()
         self.profiler.enabled = True
         load0 = loadavg()
+        stall0 = cpu_stall_us()
         t0 = time.perf_counter()
         outputs: dict[Any, Any] = {}
         steps = 0
@@ -307,6 +308,7 @@ class Engine:
             reqs = [((p.id, 0), p.prompt_token_ids) for p in cell.prompts]
             outputs, steps = self.drive(reqs, cell.batch_size, cell.max_tokens)
         elapsed = time.perf_counter() - t0
+        stall1 = cpu_stall_us()
         self.profiler.enabled = False
         requests: list[RequestResult] = []
         plen = {p.id: len(p.prompt_token_ids) for p in cell.prompts}
@@ -350,9 +352,25 @@ class Engine:
                 loadavg_start=load0,
                 loadavg_end=loadavg(),
                 cpus=os.cpu_count(),
+                # share of the cell's wall time in which some task waited for a CPU (Linux PSI): unlike the
+                # load average (a 1-minute mean) it covers exactly this cell
+                cpu_pressure=round((stall1 - stall0) / 1e6 / elapsed, 3)
+                if stall0 is not None and stall1 is not None and elapsed > 0
+                else None,
             ),
         )
         return result
+
+
+def cpu_stall_us() -> int | None:
+    """Microseconds in which some task waited for a CPU since boot (/proc/pressure/cpu "some" total)."""
+    try:
+        for line in Path("/proc/pressure/cpu").read_text().splitlines():
+            if line.startswith("some "):
+                return int(line.rsplit("total=", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _failed(cell: CellSpec, error: str, info: dict[str, Any] | None = None) -> CellResult:
