@@ -89,6 +89,12 @@ for cell in cells:
     repeat = int(cell.cell_id.rsplit("#r", 1)[1]) if "#r" in cell.cell_id else 1
     if e.method != "none":
         rate *= 1.0 + jitter * (repeat - 1)
+    info = {"startup_s": 0.1}
+    pressure = os.environ.get("FAKE_PRESSURE")  # a CPU hog beside the bench: it biases SD's ratio, not only noise
+    if pressure:
+        info["cpu_pressure"] = float(pressure)
+        if e.method != "none":
+            rate *= 0.4
     sc = None
     if e.method != "none":
         sc = SpecCounters(num_drafts=100, num_draft_tokens=100 * e.k, num_accepted_tokens=150,
@@ -97,7 +103,7 @@ for cell in cells:
                      steps=10, requests=reqs, time_split_s=TimeSplit(propose=0.1, verify=0.7, other=0.2),
                      memory=MemoryInfo(peak_rss_bytes=10 << 20, weights_bytes=5 << 20, kv_cache_bytes=1 << 20,
                                        draft_weights_bytes=0 if e.method != "draft_model" else 2 << 20),
-                     spec_counters=sc, engine_info={"startup_s": 0.1})
+                     spec_counters=sc, engine_info=info)
     append_result(out, res)
     if log:
         with open(log, "a") as f:
@@ -485,3 +491,27 @@ def test_repeat_crash_fails_only_that_repeat_and_engine_restarts(tmp_path, fake_
     run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
     assert ran(fake_env)[n:] == [f"{target.cell_id}#r2"]
     assert ResultsStore(run).rows[target.cell_id]["repeats"] == 3
+
+
+def test_a_sweep_beside_a_cpu_hog_says_cannot_tell_not_sd_off(tmp_path, fake_env, monkeypatch):
+    """Issue 10's case with the fake worker: the quiet run says "use SD"; the same sweep beside a CPU hog
+    (every cell reports high CPU pressure, and SD measures below 1.0x) says "cannot tell", not "SD off"."""
+    import speclab.bench.interleave as interleave
+    import speclab.bench.results as results
+    from speclab.report.recommend import CANNOT_TELL, recommendations
+
+    # this machine's own load must not decide the test: the runner sees a quiet host
+    monkeypatch.setattr(results, "loadavg", lambda: 0.1)
+    monkeypatch.setattr(interleave, "loadavg", lambda: 0.1)
+    spec, _ = spec_of(REPEATS_SWEEP, tmp_path)
+    run_sweep(spec, tmp_path / "quiet", fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    quiet = recommendations(load_rows(tmp_path / "quiet"), None)
+    assert len(quiet) == 4 and all(r["verdict"] == "use SD" for r in quiet), quiet
+    monkeypatch.setenv("FAKE_PRESSURE", "0.95")
+    run_sweep(spec, tmp_path / "busy", fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    rows = load_rows(tmp_path / "busy")
+    assert all(r["speedup"] < 1.0 for r in rows if r["method"] != "none")  # the biased figures
+    busy = recommendations(rows, None)
+    assert len(busy) == 4 and all(r["verdict"] == CANNOT_TELL for r in busy), busy
+    assert all("competed for the CPUs" in r["why"] for r in busy)
+    assert "some task waiting for a CPU up to 95% of the time" in format_run(tmp_path / "busy")
