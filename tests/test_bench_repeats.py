@@ -202,3 +202,28 @@ def test_repeats_in_sweeps_presets_and_overrides():
         load_sweep_source(preset="demo-cpu", overrides={"repeats": 0})
     with pytest.raises(ConfigError, match="field repeats: expected an integer"):
         load_sweep_source(preset="demo-cpu", overrides={"repeats": "3"})
+
+
+def test_gated_job_protocol(tmp_path):
+    import threading
+    import time
+
+    from speclab.engine.protocol import CellSpec, EngineSpec, Job, PromptSpec, gate_lines, gate_ready_path
+
+    cell = CellSpec("c1", "continuous", 1, 4, [PromptSpec("p", [1, 2])])
+    plain = Job(engine=EngineSpec(target="t"), cells=[cell])
+    assert "gate" not in plain.to_dict()  # job files of ungated runs are unchanged
+    gated = Job.from_dict(dict(plain.to_dict(), gate=str(tmp_path / "gate")))
+    assert gated.gate == str(tmp_path / "gate") and gate_ready_path(gated.gate).name == "gate.ready"
+    gate = tmp_path / "gate"
+
+    def runner() -> None:  # appends whole lines, one at a time, as the sweep runner does
+        for line in ("c1", "c1#r2", "", "done", "never"):
+            time.sleep(0.05)
+            with open(gate, "a") as fh:
+                fh.write(line + "\n")
+
+    t = threading.Thread(target=runner)
+    t.start()
+    assert list(gate_lines(gate, poll_s=0.01)) == ["c1", "c1#r2"]  # until "done"; blank lines skipped
+    t.join()
