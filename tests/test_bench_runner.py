@@ -104,10 +104,10 @@ for cell in cells:
                      memory=MemoryInfo(peak_rss_bytes=10 << 20, weights_bytes=5 << 20, kv_cache_bytes=1 << 20,
                                        draft_weights_bytes=0 if e.method != "draft_model" else 2 << 20),
                      spec_counters=sc, engine_info=info)
-    append_result(out, res)
-    if log:
+    if log:  # before the result: once the runner sees it, it may start the next cell on another engine
         with open(log, "a") as f:
             f.write(f"ran {cell.cell_id}\n")
+    append_result(out, res)
 """
 
 SWEEP = """
