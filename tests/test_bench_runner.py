@@ -25,7 +25,7 @@ from speclab.traces import read_store
 FAKE_WORKER = r"""
 import json, os, signal, sys, time
 from speclab.engine.protocol import (CellResult, MemoryInfo, RequestResult, SpecCounters, TimeSplit,
-                                     append_result, read_job)
+                                     append_result, gate_lines, gate_ready_path, read_job)
 
 args = sys.argv[1:]
 job = read_job(args[args.index("--job") + 1])
@@ -48,7 +48,13 @@ if job.timings_csv:
             f.write(f"overhead,0,0,0,{i},0.001\n")
             if e.method != "none":
                 f.write(f"draft:{e.method},{100 * i},{i},{i * e.k},{i},{0.0005 * i + 0.0001}\n")
-for cell in job.cells:
+jitter = float(os.environ.get("FAKE_REPEAT_JITTER", "0"))  # SD rate x (1 + jitter * (repeat - 1))
+cells = job.cells
+if job.gate:  # gated (repeats): ready once "warm", then the cells the runner names, in its order
+    by_id = {c.cell_id: c for c in job.cells}
+    open(gate_ready_path(job.gate), "w").close()
+    cells = (by_id[u] for u in gate_lines(job.gate) if u in by_id)
+for cell in cells:
     if crash and crash in cell.cell_id and not (crash_once and os.path.exists(crash_once)):
         if crash_once:
             open(crash_once, "w").close()
@@ -80,6 +86,15 @@ for cell in job.cells:
     # speedup of SD falls with the batch size: 2.0x at B=1 down to ~1.1x at B=16
     base_rate = 30.0 * B ** 0.6
     rate = base_rate * (1.0 if e.method == "none" else 1.0 + 1.0 / B ** 0.5)
+    repeat = int(cell.cell_id.rsplit("#r", 1)[1]) if "#r" in cell.cell_id else 1
+    if e.method != "none":
+        rate *= 1.0 + jitter * (repeat - 1)
+    info = {"startup_s": 0.1}
+    pressure = os.environ.get("FAKE_PRESSURE")  # a CPU hog beside the bench: it biases SD's ratio, not only noise
+    if pressure:
+        info["cpu_pressure"] = float(pressure)
+        if e.method != "none":
+            rate *= 0.4
     sc = None
     if e.method != "none":
         sc = SpecCounters(num_drafts=100, num_draft_tokens=100 * e.k, num_accepted_tokens=150,
@@ -88,11 +103,11 @@ for cell in job.cells:
                      steps=10, requests=reqs, time_split_s=TimeSplit(propose=0.1, verify=0.7, other=0.2),
                      memory=MemoryInfo(peak_rss_bytes=10 << 20, weights_bytes=5 << 20, kv_cache_bytes=1 << 20,
                                        draft_weights_bytes=0 if e.method != "draft_model" else 2 << 20),
-                     spec_counters=sc, engine_info={"startup_s": 0.1})
-    append_result(out, res)
-    if log:
+                     spec_counters=sc, engine_info=info)
+    if log:  # before the result: once the runner sees it, it may start the next cell on another engine
         with open(log, "a") as f:
             f.write(f"ran {cell.cell_id}\n")
+    append_result(out, res)
 """
 
 SWEEP = """
@@ -362,3 +377,141 @@ def test_redo_measures_cells_again_and_updates_speedups(tmp_path, fake_env, monk
             assert r["speedup"] == pytest.approx(before[cid]["speedup"]) and r["lossless"] is True
     with pytest.raises(ConfigError, match="matches no cell"):
         run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, redo=["nope*"])
+
+
+# --- repeats -------------------------------------------------------------------------------------------
+
+REPEATS_SWEEP = SWEEP.replace("seed = 42", "seed = 42\nrepeats = 3").replace("[1, 4, 16]", "[1, 16]")
+
+
+def test_repeats_interleave_with_the_baseline_and_pair_up(tmp_path, fake_env, monkeypatch):
+    monkeypatch.setenv("FAKE_REPEAT_JITTER", "0.05")
+    spec, _ = spec_of(REPEATS_SWEEP, tmp_path)
+    assert spec.repeats == 3
+    # repeats are not part of cell ids: the same sweep with repeats = 1 has the same cells
+    plain, _ = spec_of(SWEEP.replace("[1, 4, 16]", "[1, 16]"), tmp_path)
+    assert [c.cell_id for c in expand_cells(spec)] == [c.cell_id for c in expand_cells(plain)]
+    run = tmp_path / "run"
+    out = run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    assert out.failed == 0 and out.ok == 12 * 3
+    # each engine started once, all three before any repeat 2
+    starts = [ln for ln in fake_env.read_text().splitlines() if ln.startswith("start")]
+    assert starts == [f"start {m} max_num_seqs=16" for m in ("none", "ngram", "draft_model")]
+    order = ran(fake_env)
+    assert len(order) == 36 and len(set(order)) == 36
+    # rounds of repeats; in each, per (workload, batch size): none, ngram, draft_model, one after the other
+    first = order[:3]
+    assert [u.split(".")[0] for u in first] == ["none", "ngram-k3", "draft_model-k3"]
+    assert all(".offline-code-edit.cont.b1." in u and "#r" not in u for u in first)
+    assert all("#r" not in u for u in order[:12]), order
+    assert all(u.endswith("#r2") for u in order[12:24]), order
+    assert [u.split(".")[0] for u in order[12:15]] == ["none", "ngram-k3", "draft_model-k3"]
+    rows = load_rows(run)
+    assert len(rows) == 12
+    for r in rows:
+        assert r["repeats"] == 3 and [x["repeat"] for x in r["runs"]] == [1, 2, 3]
+        tps = [x["throughput_tok_s"] for x in r["runs"]]
+        assert r["throughput_tok_s"] == pytest.approx(sorted(tps)[1])
+        assert r["throughput_spread"] == {"min": pytest.approx(min(tps)), "max": pytest.approx(max(tps))}
+    ng = next(r for r in rows if r["label"] == "ngram-k3" and r["batch_size"] == 1)
+    # matched pairs: 2.0x at repeat 1, then +5% per repeat (the fake's jitter); the median is repeat 2's
+    assert [p["speedup"] for p in ng["speedup_runs"]] == pytest.approx([2.0, 2.1, 2.2])
+    assert ng["speedup"] == pytest.approx(2.1)
+    assert ng["speedup_spread"] == {"min": pytest.approx(2.0), "max": pytest.approx(2.2), "n": 3}
+    assert ng["lossless"] is True  # repeat 1's check
+    text = format_run(run)
+    assert "2.00-2.20" in text and "repeats: 3" in text
+    # a rerun runs nothing
+    n = len(ran(fake_env))
+    out2 = run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    assert out2.skipped == 12 and out2.ok == 0 and len(ran(fake_env)) == n
+
+
+def test_repeats_resume_at_the_repeat_where_the_run_died(tmp_path, fake_env):
+    spec, _ = spec_of(REPEATS_SWEEP, tmp_path)
+    run = tmp_path / "run"
+    run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    # as if the run had died after repeat 2 of some cells: drop their third run (and one row's second)
+    store = ResultsStore(run)
+    from speclab.bench.repeats import summarise_runs
+
+    cut = [cid for cid in store.rows if cid.startswith(("none.offline-math", "ngram-k3.offline-math"))]
+    for cid in cut:
+        store.rows[cid]["runs"] = store.rows[cid]["runs"][:2]
+        summarise_runs(store.rows[cid])
+    store.rows[cut[0]]["runs"] = store.rows[cut[0]]["runs"][:1]
+    store._flush()
+    # and the workers' own output lines of those repeats are gone too (else they would be recovered)
+    for f in run.glob("engines/*/attempt-*/cells.jsonl"):
+        keep = [
+            ln
+            for ln in f.read_text().splitlines()
+            if not any(json.loads(ln)["cell_id"] in (f"{c}#r3", f"{cut[0]}#r2") for c in cut)
+        ]
+        f.write_text("".join(ln + "\n" for ln in keep))
+    n = len(ran(fake_env))
+    out = run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    again = ran(fake_env)[n:]
+    assert sorted(again) == sorted([f"{c}#r3" for c in cut] + [f"{cut[0]}#r2"])
+    assert out.ok == len(again)
+    assert all(r["repeats"] == 3 for r in load_rows(run))
+
+
+def test_repeats_recovered_from_a_killed_runner(tmp_path, fake_env):
+    spec, _ = spec_of(REPEATS_SWEEP, tmp_path)
+    run = tmp_path / "run"
+    run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    full = {r["cell_id"]: r for r in load_rows(run)}
+    store = ResultsStore(run)
+    for row in store.rows.values():  # the runner recorded only repeat 1 before it was killed
+        row["runs"] = row["runs"][:1]
+    store._flush()
+    n = len(ran(fake_env))
+    out = run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    assert len(ran(fake_env)) == n and out.recovered == 24
+    for r in load_rows(run):
+        assert r["repeats"] == 3 and r["speedup"] == pytest.approx(full[r["cell_id"]]["speedup"])
+
+
+def test_repeat_crash_fails_only_that_repeat_and_engine_restarts(tmp_path, fake_env, monkeypatch):
+    spec, _ = spec_of(REPEATS_SWEEP, tmp_path)
+    target = next(c for c in expand_cells(spec) if c.cell_id.startswith("ngram-k3.offline-math.cont.b16"))
+    monkeypatch.setenv("FAKE_CRASH_CELL", f"{target.cell_id}#r2")
+    monkeypatch.setenv("FAKE_CRASH_ONCE", str(tmp_path / "crashed"))
+    run = tmp_path / "run"
+    out = run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    assert out.failed == 1 and out.ok == 35
+    row = ResultsStore(run).rows[target.cell_id]
+    assert row["status"] == "ok" and [x["repeat"] for x in row["runs"]] == [1, 3]
+    assert row["speedup_spread"]["n"] == 2
+    starts = [ln for ln in fake_env.read_text().splitlines() if ln.startswith("start ngram")]
+    assert len(starts) == 2
+    # a rerun measures the missing repeat only
+    n = len(ran(fake_env))
+    run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    assert ran(fake_env)[n:] == [f"{target.cell_id}#r2"]
+    assert ResultsStore(run).rows[target.cell_id]["repeats"] == 3
+
+
+def test_a_sweep_beside_a_cpu_hog_says_cannot_tell_not_sd_off(tmp_path, fake_env, monkeypatch):
+    """Issue 10's case with the fake worker: the quiet run says "use SD"; the same sweep beside a CPU hog
+    (every cell reports high CPU pressure, and SD measures below 1.0x) says "cannot tell", not "SD off"."""
+    import speclab.bench.interleave as interleave
+    import speclab.bench.results as results
+    from speclab.report.recommend import CANNOT_TELL, recommendations
+
+    # this machine's own load must not decide the test: the runner sees a quiet host
+    monkeypatch.setattr(results, "loadavg", lambda: 0.1)
+    monkeypatch.setattr(interleave, "loadavg", lambda: 0.1)
+    spec, _ = spec_of(REPEATS_SWEEP, tmp_path)
+    run_sweep(spec, tmp_path / "quiet", fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    quiet = recommendations(load_rows(tmp_path / "quiet"), None)
+    assert len(quiet) == 4 and all(r["verdict"] == "use SD" for r in quiet), quiet
+    monkeypatch.setenv("FAKE_PRESSURE", "0.95")
+    run_sweep(spec, tmp_path / "busy", fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    rows = load_rows(tmp_path / "busy")
+    assert all(r["speedup"] < 1.0 for r in rows if r["method"] != "none")  # the biased figures
+    busy = recommendations(rows, None)
+    assert len(busy) == 4 and all(r["verdict"] == CANNOT_TELL for r in busy), busy
+    assert all("competed for the CPUs" in r["why"] for r in busy)
+    assert "some task waiting for a CPU up to 95% of the time" in format_run(tmp_path / "busy")

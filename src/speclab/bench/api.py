@@ -24,6 +24,7 @@ OVERRIDABLE = {
     "workloads",
     "batching",
     "seed",
+    "repeats",
     "dtype",
     "target",
     "engine.enforce_eager",

@@ -43,6 +43,10 @@ class Attempt:
     def log_path(self) -> Path:
         return self.dir / "worker.log"
 
+    @property
+    def gate_path(self) -> Path:
+        return self.dir / "gate"
+
 
 def attempt_dirs(run_dir: Path) -> list[Path]:
     base = run_dir / "engines"
@@ -52,9 +56,14 @@ def attempt_dirs(run_dir: Path) -> list[Path]:
 
 
 def new_attempt(
-    run_dir: Path, g: EngineGroup, cells: list[Cell], prompt_sets: dict[str, PromptSet]
+    run_dir: Path,
+    g: EngineGroup,
+    cells: list[Cell],
+    prompt_sets: dict[str, PromptSet],
+    gated: bool = False,
 ) -> Attempt:
-    """Make the engine's next attempt directory and write its job (the given cells on the group's engine)."""
+    """Make the engine's next attempt directory and write its job (the given cells on the group's engine).
+    gated: the worker runs only the cells the runner names in the attempt's `gate` file (bench.interleave)."""
     base = run_dir / "engines" / g.engine_id
     n = 1
     while (base / f"attempt-{n}").exists():
@@ -71,7 +80,12 @@ def new_attempt(
         )
         for c in cells
     ]
-    job = Job(engine=g.engine, cells=cell_specs, timings_csv=str((ad / "timings.csv").resolve()))
+    job = Job(
+        engine=g.engine,
+        cells=cell_specs,
+        timings_csv=str((ad / "timings.csv").resolve()),
+        gate=str((ad / "gate").resolve()) if gated else None,
+    )
     write_job(job, ad / "job.json")
     categories = {w: ps.category for w, ps in prompt_sets.items()}
     atomic_write_text(ad / "categories.json", json.dumps(categories))

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from speclab.atomic import atomic_path, atomic_write_text
 from speclab.bench.cells import Cell
+from speclab.bench.repeats import apply_pairs
 from speclab.engine.measure import loadavg
 from speclab.engine.protocol import CellResult
 from speclab.errors import ConfigError
@@ -331,6 +332,8 @@ def apply_baseline(
     t = row.get("throughput_tok_s")
     if b and t:
         row["speedup"] = t / b
+    if row.get("runs"):  # repeats: the median of matched pairs instead of the ratio of medians
+        apply_pairs(row, baseline_row)
     if res is not None and baseline_out is not None:
         ok, detail = lossless_check(res, baseline_out)
         if row["dtype"] != "float32" and ok is False:

@@ -27,8 +27,10 @@ from typing import Any
 from speclab.atomic import atomic_write_text
 from speclab.bench.attempts import Attempt, finished_results, merge_timings, new_attempt
 from speclab.bench.cells import Cell, EngineGroup, expand_cells, group_engines
+from speclab.bench.interleave import Interleaver, RepeatUnits, unit_groups
 from speclab.bench.preflight import PromptSet
 from speclab.bench.progress import Eta, Progress, format_cell_line
+from speclab.bench.repeats import apply_pairs, run_entry, runs_done, split_unit, summarise_runs
 from speclab.bench.results import (
     ResultsStore,
     apply_baseline,
@@ -76,7 +78,7 @@ def _sigterm(signum: int, frame: Any) -> None:
     raise _Terminated()
 
 
-class SweepRunner:
+class SweepRunner(RepeatUnits):
     def __init__(
         self,
         spec: SweepSpec,
@@ -137,10 +139,11 @@ class SweepRunner:
             self._redone = set(again)
             store.flush()
             self.echo(f"measuring {len(again)} cell(s) again: {', '.join(again)}")
-        skipped = sum(1 for c in self.cells if store.is_ok(c.cell_id))
+        skipped = sum(1 for c in self.cells if not self._missing(c))
         self._recover()
         merge_timings(self.run_dir)
-        pending = [c for c in self.cells if not store.is_ok(c.cell_id)]
+        missing = {c.cell_id: self._missing(c) for c in self.cells}
+        pending = [c for c in self.cells if missing[c.cell_id]]
         groups = group_engines(self.spec, self.cells)  # max_num_seqs from all cells, not just pending
         pending_ids = {c.cell_id for c in pending}
         todo = []
@@ -157,10 +160,16 @@ class SweepRunner:
                 f"resuming {rd}: {skipped + n_recovered} of {len(self.cells)} cells already done"
                 + (f" ({n_recovered} recovered from a killed run)" if n_recovered else "")
             )
+        interleaved = self.spec.repeats > 1
+        if interleaved:
+            todo = unit_groups(todo, missing)
         self._eta = Eta(todo, self.spec.enforce_eager)
-        self._progress = Progress(len(pending), self.progress_enabled, self.echo, self._eta)
+        n_units = sum(len(g.cells) for g in todo)
+        self._progress = Progress(n_units, self.progress_enabled, self.echo, self._eta)
         try:
-            for gi, g in enumerate(todo, 1):
+            if interleaved:
+                Interleaver(self, todo).run()
+            for gi, g in enumerate([] if interleaved else todo, 1):
                 self._run_group(g, gi, len(todo))
                 self._eta.engine_done(g)
         except (KeyboardInterrupt, _Terminated):
@@ -206,12 +215,22 @@ class SweepRunner:
                 )
         return ps
 
-    def _recover(self) -> None:
-        """Ingest cells a previous worker finished but the (killed) runner never recorded."""
+    def _missing(self, c: Cell) -> list[int]:
+        """The repeats of a cell still to measure: all of them unless repeat 1 is ok."""
         assert self.store is not None
-        for engine_id, res, prompts, cats in finished_results(self.run_dir):
-            cell = self.by_id.get(res.cell_id)
-            if cell is None or self.store.is_ok(res.cell_id) or cell.cell_id in self._redone:
+        done = runs_done(self.store.rows.get(c.cell_id))
+        if 1 not in done:
+            return list(range(1, self.spec.repeats + 1))
+        return [r for r in range(2, self.spec.repeats + 1) if r not in done]
+
+    def _recover(self) -> None:
+        """Ingest cells (and repeats) a previous worker finished but the (killed) runner never recorded."""
+        assert self.store is not None
+        found = sorted(finished_results(self.run_dir), key=lambda t: split_unit(t[1].cell_id)[1])
+        for engine_id, res, prompts, cats in found:
+            cid, rep = split_unit(res.cell_id)
+            cell = self.by_id.get(cid)
+            if cell is None or cid in self._redone or rep not in self._missing(cell):
                 continue
             self._ingest(cell, res, prompts, cats.get(cell.workload, "other"), engine_id, count="recovered")
 
@@ -331,8 +350,14 @@ class SweepRunner:
         count: str | None = None,
     ) -> None:
         """Turn a worker result into the cell's results row (and trace part) and show it. `count`: the
-        counter it adds to (default: "ok" or "failed" by its status)."""
+        counter it adds to (default: "ok" or "failed" by its status). A result for repeat r > 1 (its cell id
+        is a unit id) adds a run to the cell's row instead."""
         assert self.store is not None
+        cid, rep = split_unit(res.cell_id)
+        cell = self.by_id.get(cid, cell)
+        if rep > 1:
+            self._ingest_repeat(cell, res, rep, count)
+            return
         trace_part = None
         if res.status == "ok":
             trace_part = write_trace_part(
@@ -350,10 +375,17 @@ class SweepRunner:
             baseline_row=base_row,
             baseline_out=base_out,
         )
+        if self.spec.repeats > 1 and res.status == "ok":
+            row["runs"] = [run_entry(res, 1, (row.get("host") or {}).get("loadavg_1m"))]
+            summarise_runs(row)
+            if base_row is not None and base_row.get("status") == "ok":
+                apply_pairs(row, base_row)
         self.store.put(row)
         self.counts[count or ("ok" if res.status == "ok" else "failed")] += 1
         if self._progress is not None:
-            self._progress.line(format_cell_line(row))
+            self._progress.line(
+                format_cell_line(row) + (f"  [repeat 1/{self.spec.repeats}]" if self.spec.repeats > 1 else "")
+            )
             self._progress.advance()
 
     def _baseline_for(self, cell: Cell) -> tuple[dict[str, Any] | None, dict[str, list[int]] | None]:
@@ -385,6 +417,9 @@ class SweepRunner:
             base_row, base_out = self._baseline_for(c)
             if base_row is None or base_out is None:
                 continue
+            if row.get("runs"):  # matched pairs with the baseline's repeats as they are now
+                apply_pairs(row, base_row)
+                self.store.put(row)
             redone = base_row["cell_id"] in self._redone
             if row.get("speedup") is not None and row.get("lossless") is not None and not redone:
                 continue

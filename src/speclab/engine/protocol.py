@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,6 +201,9 @@ class Job:
     cells: list[CellSpec]
     timings_csv: str | None = None  # profiled step timings are appended here (CONTRACTS.md section 5)
     warmup: bool = True  # run a tiny request before the first cell (not recorded)
+    # gated run (repeats interleaved across engines): after warm-up the worker creates GATE.ready, then runs
+    # the cells whose ids the runner appends to GATE, one line each, until a line "done" (gate_lines)
+    gate: str | None = None
 
     def validate(self) -> None:
         self.engine.validate("job.engine")
@@ -225,18 +230,21 @@ class Job:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "engine": self.engine.to_dict(),
             "cells": [c.to_dict() for c in self.cells],
             "timings_csv": self.timings_csv,
             "warmup": self.warmup,
         }
+        if self.gate is not None:
+            d["gate"] = self.gate
+        return d
 
     @classmethod
     def from_dict(cls, d: Any) -> Job:
         if not isinstance(d, dict):
             raise _err("job", "expected a JSON object")
-        unknown = sorted(set(d) - {"engine", "cells", "timings_csv", "warmup"})
+        unknown = sorted(set(d) - {"engine", "cells", "timings_csv", "warmup", "gate"})
         if unknown:
             raise _err("job", f"unknown field(s): {', '.join(unknown)}")
         job = cls(
@@ -246,6 +254,7 @@ class Job:
             ],
             timings_csv=_get(d, "timings_csv", str, "job", None),
             warmup=_get(d, "warmup", bool, "job", True),
+            gate=_get(d, "gate", str, "job", None),
         )
         job.validate()
         return job
@@ -264,6 +273,40 @@ def read_job(path: str | os.PathLike[str]) -> Job:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"job file {path}: invalid JSON: {exc}") from None
     return Job.from_dict(d)
+
+
+GATE_DONE = "done"
+
+
+def gate_ready_path(gate: str | os.PathLike[str]) -> Path:
+    """The file a gated worker creates once its engine is up and warm."""
+    return Path(f"{gate}.ready")
+
+
+def gate_lines(gate: str | os.PathLike[str], poll_s: float = 0.02) -> Iterator[str]:
+    """A gated worker's instructions: each complete line appended to GATE, in order, until GATE_DONE.
+    Polls the file (an idle worker only stats it); the runner only ever appends whole lines."""
+    p = Path(gate)
+    offset = 0
+    buf = b""
+    while True:
+        data = b""
+        if p.exists():
+            with open(p, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+        if not data:
+            time.sleep(poll_s)
+            continue
+        offset += len(data)
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").strip()
+            if line == GATE_DONE:
+                return
+            if line:
+                yield line
 
 
 # --- results -------------------------------------------------------------------------------------------

@@ -44,6 +44,8 @@ from speclab.engine.protocol import (
     RequestResult,
     TimeSplit,
     append_result,
+    gate_lines,
+    gate_ready_path,
     read_job,
 )
 from speclab.errors import SpeclabError
@@ -303,6 +305,7 @@ class Engine:
         self.profiler.reset()
         self.profiler.enabled = True
         load0 = loadavg()
+        stall0 = cpu_stall_us()
         t0 = time.perf_counter()
         outputs: dict[Any, Any] = {}
         steps = 0
@@ -316,6 +319,7 @@ class Engine:
             reqs = [((p.id, 0), p.prompt_token_ids) for p in cell.prompts]
             outputs, steps = self.drive(reqs, cell.batch_size, cell.max_tokens)
         elapsed = time.perf_counter() - t0
+        stall1 = cpu_stall_us()
         self.profiler.enabled = False
         requests: list[RequestResult] = []
         plen = {p.id: len(p.prompt_token_ids) for p in cell.prompts}
@@ -359,9 +363,25 @@ class Engine:
                 loadavg_start=load0,
                 loadavg_end=loadavg(),
                 cpus=os.cpu_count(),
+                # share of the cell's wall time in which some task waited for a CPU (Linux PSI): unlike the
+                # load average (a 1-minute mean) it covers exactly this cell
+                cpu_pressure=round((stall1 - stall0) / 1e6 / elapsed, 3)
+                if stall0 is not None and stall1 is not None and elapsed > 0
+                else None,
             ),
         )
         return result
+
+
+def cpu_stall_us() -> int | None:
+    """Microseconds in which some task waited for a CPU since boot (/proc/pressure/cpu "some" total)."""
+    try:
+        for line in Path("/proc/pressure/cpu").read_text().splitlines():
+            if line.startswith("some "):
+                return int(line.rsplit("total=", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _failed(cell: CellSpec, error: str, info: dict[str, Any] | None = None) -> CellResult:
@@ -392,29 +412,41 @@ def run_job(job: Job, out: str) -> int:
             engine.warmup(job.cells[0])
         except Exception:
             traceback.print_exc()
+    if job.gate:
+        # gated (repeats interleaved across engines): say we are warm, then run what the runner asks for
+        by_id = {c.cell_id: c for c in job.cells}
+        gate_ready_path(job.gate).touch()
+        for cell_id in gate_lines(job.gate):
+            if cell_id in by_id:
+                _run_one(engine, by_id[cell_id], job, out)
+        return 0
     for cell in job.cells:
-        try:
-            res = engine.run_cell(cell)
-        except Exception as exc:
-            traceback.print_exc()
-            res = _failed(cell, _short(exc), engine.info)
-        append_result(out, res)
-        if res.status == "ok" and job.timings_csv:
-            try:
-                append_timings(job.timings_csv, (r.as_list() for r in engine.profiler.rows))
-            except OSError as exc:
-                print(f"speclab worker: cannot append timings: {exc}", file=sys.stderr)
-        print(
-            f"speclab worker: cell {cell.cell_id}: {res.status}"
-            + (
-                f" {res.output_tokens} tokens in {res.elapsed_s:.2f} s"
-                if res.status == "ok"
-                else f" ({res.error})"
-            ),
-            file=sys.stderr,
-            flush=True,
-        )
+        _run_one(engine, cell, job, out)
     return 0
+
+
+def _run_one(engine: Engine, cell: CellSpec, job: Job, out: str) -> None:
+    try:
+        res = engine.run_cell(cell)
+    except Exception as exc:
+        traceback.print_exc()
+        res = _failed(cell, _short(exc), engine.info)
+    append_result(out, res)
+    if res.status == "ok" and job.timings_csv:
+        try:
+            append_timings(job.timings_csv, (r.as_list() for r in engine.profiler.rows))
+        except OSError as exc:
+            print(f"speclab worker: cannot append timings: {exc}", file=sys.stderr)
+    print(
+        f"speclab worker: cell {cell.cell_id}: {res.status}"
+        + (
+            f" {res.output_tokens} tokens in {res.elapsed_s:.2f} s"
+            if res.status == "ok"
+            else f" ({res.error})"
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

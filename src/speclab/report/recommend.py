@@ -8,6 +8,11 @@ Logic (also in docs/report.md):
 2. Else simulated. Where the bench has no SD cell but the analysis simulated that batch size, use the best
    *fixed* policy (fixed:METHOD:K; oracles are bounds, not deployable) by the same rule.
 3. A best speedup in [1.00, 1.05) is flagged "marginal": within run-to-run noise, SD may not be worth it.
+4. Noise (measured cells): a verdict must rest on a figure the noise supports (`bench.repeats.evidence`).
+   With repeats, only matched pairs measured on a quiet machine count, and their spread must lie on one
+   side of 1.00x; a single run counts unless the cell was contended (load average above the CPU count).
+   "use SD" needs one such candidate above 1.00x (the best of them is recommended), "SD off" needs every
+   candidate below; anything else is "cannot tell", with why.
 """
 
 from __future__ import annotations
@@ -15,15 +20,47 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from speclab.bench.repeats import evidence
 from speclab.bench.rows import entry_labels
 
 MARGINAL = 1.05
+
+
+CANNOT_TELL = "cannot tell"
 
 
 def _verdict(best: float) -> str:
     if best < 1.0:
         return "SD off"
     return "marginal" if best < MARGINAL else "use SD"
+
+
+def _spread(r: dict[str, Any]) -> str | None:
+    sp = r.get("speedup_spread")
+    if not isinstance(sp, dict) or sp.get("min") is None:
+        return None
+    return f"{sp['min']:.2f}-{sp['max']:.2f} (n={sp.get('n')})"
+
+
+def _measured(key: tuple[str, str, int], cands: list[tuple[float, str, dict[str, Any]]]) -> dict[str, Any]:
+    """A measured recommendation that only says on or off where the noise supports it."""
+    ranked = sorted(cands, key=lambda c: c[0], reverse=True)
+    ev = {label: evidence(r) for _, label, r in ranked}
+    faster = sorted(((ev[lb][1], lb) for _, lb, _ in ranked if ev[lb][0] == "faster"), reverse=True)
+    if faster:
+        rest = [(sp, lb) for sp, lb, _ in ranked if ev[lb][0] != "faster"]
+        rec = _rec(key, faster + rest, "measured")  # runner-up: the next supported one, else the best other
+    else:
+        rec = _rec(key, [(sp, lb) for sp, lb, _ in ranked], "measured")
+        if any(ev[lb][0] != "slower" for _, lb, _ in ranked):
+            rec["verdict"] = rec["recommend"] = CANNOT_TELL
+    best = rec["best_method"]
+    rec["spread"] = _spread(next(r for _, lb, r in ranked if lb == best))
+    if rec["verdict"] == CANNOT_TELL:
+        rec["why"] = "; ".join(f"{lb}: {ev[lb][2]}" for _, lb, _ in ranked if ev[lb][0] == "unsure")
+    else:
+        rec["why"] = f"{best}: {ev[best][2]}"
+    return rec
 
 
 def _rec(key: tuple[str, str, int], ranked: list[tuple[float, str]], source: str) -> dict[str, Any]:
@@ -42,6 +79,8 @@ def _rec(key: tuple[str, str, int], ranked: list[tuple[float, str]], source: str
         "runner_up_speedup": runner_up[0],
         "source": source,
         "candidates": len(ranked),
+        "spread": None,  # measured: the best candidate's matched-pair speedup range
+        "why": None,  # measured: what the verdict rests on (or why the noise cannot tell)
     }
 
 
@@ -53,7 +92,7 @@ def recommendations(
     labels = entry_labels(rows)  # keyed by sweep entry: same method and k with other options stay apart
     ok = [(label, r) for label, r in zip(labels, rows, strict=True) if r.get("status") == "ok"]
     multi_target = len({r.get("target") for _, r in ok}) > 1
-    cells: dict[tuple[str, str, int], list[tuple[float, str]]] = defaultdict(list)
+    cells: dict[tuple[str, str, int], list[tuple[float, str, dict[str, Any]]]] = defaultdict(list)
     for label, r in ok:
         if r.get("method") in (None, "none") or r.get("speedup") is None:
             continue
@@ -61,10 +100,10 @@ def recommendations(
         if multi_target:
             wl = f"{wl} [{r.get('target')}]"
         cells[(wl, str(r.get("batching", "replicate")), int(r["batch_size"]))].append(
-            (float(r["speedup"]), label)
+            (float(r["speedup"]), label, r)
         )
     for key, vals in cells.items():
-        recs[key] = _rec(key, sorted(vals, reverse=True), "measured")
+        recs[key] = _measured(key, vals)
     for g in (oracle_gap or {}).get("rows") or []:
         key = (str(g["workload"]), str(g["batching"]), int(g["batch_size"]))
         if key in recs:
@@ -89,19 +128,26 @@ def headline(recs: list[dict[str, Any]]) -> list[str]:
     on = [r for r in recs if r["verdict"] == "use SD"]
     off = [r for r in recs if r["verdict"] == "SD off"]
     marginal = [r for r in recs if r["verdict"] == "marginal"]
-    best = max(recs, key=lambda r: r["best_speedup"])
+    unsure = [r for r in recs if r["verdict"] == CANNOT_TELL]
+    supported = [r for r in recs if r["verdict"] != CANNOT_TELL]
+    best = max(supported or recs, key=lambda r: r["best_speedup"])
     lines = [
         f"SD helps (>= {MARGINAL:.2f}x) in {len(on)} of {len(recs)} (workload, batch size) cells, is marginal in "
-        f"{len(marginal)} and should be off in {len(off)}.",
+        f"{len(marginal)} and should be off in {len(off)}"
+        + (f"; the noise cannot tell in {len(unsure)}." if unsure else "."),
         f"Largest speedup: {best['best_speedup']:.2f}x with {best['best_method']} on {best['workload']} at batch "
-        f"{best['batch_size']} ({best['source']}).",
+        f"{best['batch_size']} ({best['source']}"
+        + (", not supported by the noise)." if best["verdict"] == CANNOT_TELL else ")."),
     ]
     by_wl: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in recs:
         by_wl[r["workload"]].append(r)
     for wl, rs in sorted(by_wl.items()):
         parts = [
-            f"batch {r['batch_size']}: {r['recommend']} ({r['best_speedup']:.2f}x{', sim' if r['source'] != 'measured' else ''})"
+            f"batch {r['batch_size']}: {r['recommend']} ({r['best_speedup']:.2f}x"
+            + (", sim" if r["source"] != "measured" else "")
+            + (f"; {r['why']}" if r["verdict"] == CANNOT_TELL else "")
+            + ")"
             for r in sorted(rs, key=lambda r: (r["batching"], r["batch_size"]))
         ]
         lines.append(f"{wl}: " + "; ".join(parts) + ".")

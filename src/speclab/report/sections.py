@@ -18,7 +18,7 @@ from speclab.analyze.tables import observed_rows, pluck
 from speclab.bench.rows import entry_labels
 from speclab.report import figures as F
 from speclab.report.html import Html, esc, figure, figure_or_missing, missing, table
-from speclab.report.recommend import MARGINAL, headline
+from speclab.report.recommend import CANNOT_TELL, MARGINAL, headline
 
 
 @dataclass
@@ -77,7 +77,30 @@ def summary(d: ReportData) -> list[str]:
             h.append(
                 f'<p class="warn">{len(failed)} cell(s) failed; they are listed in the results table.</p>'
             )
+        h += _noise(d.rows)
     return h
+
+
+def _noise(rows: list[dict[str, Any]]) -> list[str]:
+    """How often each cell was measured, and the contention flag: cells that ran while other processes
+    competed for the CPUs (their speedups may be biased, and verdicts resting on them say "cannot tell")."""
+    from speclab.bench.show import contention_note
+
+    out = []
+    ok = [r for r in rows if r.get("status") == "ok"]
+    reps = sorted({int(r.get("repeats") or 1) for r in ok})
+    if reps and reps != [1]:
+        out.append(
+            f"<p>Each cell was measured {'/'.join(map(str, reps))} times, interleaved with its no-SD baseline; "
+            "throughputs are medians and speedups are medians of matched pairs (repeat i of SD over repeat i "
+            "of no SD).</p>"
+        )
+    elif ok:
+        out.append("<p>Each cell was measured once (no repeats): a verdict rests on a single run.</p>")
+    note = contention_note(ok)
+    if note:
+        out.append(f'<p class="warn"><b>Contention:</b> {esc(note)}.</p>')
+    return out
 
 
 def _split_pct(ts: dict[str, Any] | None) -> list[float | None]:
@@ -168,7 +191,8 @@ def recommend(d: ReportData) -> list[str]:
         '<h2 id="recommend">Recommendation: best method and k per workload and batch size</h2>',
         f"<p>From measured cells where the bench ran that batch size, else from simulated fixed-k policies "
         f"(source column). Best speedup &lt; 1.00: <b>SD off</b>; 1.00 to {MARGINAL:.2f}: marginal (within "
-        "noise, consider off). Oracles are bounds and never recommended.</p>",
+        f"noise, consider off); <b>{CANNOT_TELL}</b>: the measured spread straddles 1.00x or the runs were "
+        "contended (why column). Oracles are bounds and never recommended.</p>",
     ]
     if not d.recs:
         return h + [missing("No speedup data: no recommendation.")]
@@ -182,9 +206,17 @@ def recommend(d: ReportData) -> list[str]:
         "runner-up",
         "its speedup",
         "source",
+        "spread",
+        "why",
     ]
-    keys = "workload batching batch_size recommend best_speedup verdict runner_up runner_up_speedup source"
-    classes = [{"SD off": "off", "marginal": "marginal"}.get(r["verdict"], "") for r in d.recs]
+    keys = (
+        "workload batching batch_size recommend best_speedup verdict runner_up runner_up_speedup source "
+        "spread why"
+    )
+    classes = [
+        {"SD off": "off", "marginal": "marginal", CANNOT_TELL: "marginal"}.get(r["verdict"], "")
+        for r in d.recs
+    ]
     return h + [table(headers, pluck(d.recs, keys), left=2, row_classes=classes)]
 
 

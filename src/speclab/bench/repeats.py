@@ -1,0 +1,194 @@
+"""Repeats: a cell measured N times (sweep `repeats = N`), interleaved with its no-SD baseline.
+
+A repeat is a "unit" for the worker: repeat 1 keeps the cell's own id (so a sweep with repeats = 1 has the
+ids it always had), repeat r > 1 is `<cell id>#r<r>`. The cell's results row keeps every repeat in `runs`
+and summarises them:
+
+- `throughput_tok_s`: the median over the runs; `throughput_spread`: {min, max};
+- `speedup`: the median of matched pairs (repeat i of the SD cell / repeat i of its baseline, measured one
+  after the other); `speedup_runs`: each pair; `speedup_spread`: {min, max, n};
+- `host.loadavg_1m`: the highest load average seen over the runs (the contention flag, `contended`).
+
+Token-exactness, acceptance, traces, time split and memory come from repeat 1.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any
+
+from speclab.engine.protocol import CellResult
+
+# A cell counts as contended when the 1-minute load average exceeded this many times the CPU count (the bench
+# itself keeps about one runnable thread per CPU busy, so more means other processes competed), or when some
+# task waited for a CPU during more than this share of the cell's time (Linux PSI, where the kernel has it;
+# it reacts within the cell, where the load average lags by about a minute).
+CONTENDED_LOAD_FACTOR = 1.25
+CONTENDED_PRESSURE = 0.5
+
+
+def unit_id(cell_id: str, repeat: int) -> str:
+    return cell_id if repeat == 1 else f"{cell_id}#r{repeat}"
+
+
+def split_unit(uid: str) -> tuple[str, int]:
+    """(cell id, repeat) of a unit id; a plain cell id is repeat 1."""
+    cid, sep, rep = uid.rpartition("#r")
+    if sep and rep.isdigit() and int(rep) > 1:
+        return cid, int(rep)
+    return uid, 1
+
+
+def run_entry(res: CellResult, repeat: int, loadavg_now: float | None) -> dict[str, Any]:
+    """One repeat's measurement, as kept in a row's `runs`."""
+    info = res.engine_info or {}
+    loads = [v for v in (info.get("loadavg_start"), info.get("loadavg_end"), loadavg_now) if v is not None]
+    return {
+        "repeat": repeat,
+        "throughput_tok_s": res.output_tokens / res.elapsed_s if res.elapsed_s > 0 else None,
+        "output_tokens": res.output_tokens,
+        "elapsed_s": res.elapsed_s,
+        "loadavg_1m": max(loads) if loads else None,
+        "cpu_pressure": info.get("cpu_pressure"),
+        "cpus": info.get("cpus") or os.cpu_count(),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def runs_done(row: dict[str, Any] | None) -> set[int]:
+    """The repeats an ok row holds (a row without `runs` is one measurement: repeat 1)."""
+    if row is None or row.get("status") != "ok":
+        return set()
+    runs = row.get("runs")
+    return {int(r["repeat"]) for r in runs} if runs else {1}
+
+
+def load_is_contended(load: float | None, cpus: int | None, pressure: float | None = None) -> bool:
+    if pressure is not None and pressure > CONTENDED_PRESSURE:
+        return True
+    return load is not None and bool(cpus) and load > CONTENDED_LOAD_FACTOR * cpus  # type: ignore[operator]
+
+
+def row_pressure(row: dict[str, Any]) -> float | None:
+    """The highest CPU pressure over a row's measurements (None where not recorded)."""
+    vals = [(row.get("host") or {}).get("cpu_pressure"), (row.get("engine_info") or {}).get("cpu_pressure")]
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else None
+
+
+def contended(row: dict[str, Any]) -> bool:
+    """Did any measurement of this row run while other processes competed for the CPUs?"""
+    host = row.get("host") or {}
+    return load_is_contended(host.get("loadavg_1m"), host.get("cpus"), row_pressure(row))
+
+
+def _run_contended(run: dict[str, Any]) -> bool:
+    return load_is_contended(run.get("loadavg_1m"), run.get("cpus"), run.get("cpu_pressure"))
+
+
+def _runs_of(row: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """repeat -> run; a row without `runs` is its single measurement."""
+    if row.get("runs"):
+        return {int(r["repeat"]): r for r in row["runs"]}
+    host = row.get("host") or {}
+    return {
+        1: {
+            "repeat": 1,
+            "throughput_tok_s": row.get("throughput_tok_s"),
+            "loadavg_1m": host.get("loadavg_1m"),
+            "cpu_pressure": row_pressure(row),
+            "cpus": host.get("cpus"),
+        }
+    }
+
+
+def add_run(row: dict[str, Any], run: dict[str, Any]) -> None:
+    """Add (or replace) one repeat's run in an ok row and update the row's summary of its runs."""
+    runs = _runs_of(row)
+    runs[int(run["repeat"])] = run
+    row["runs"] = [runs[r] for r in sorted(runs)]
+    summarise_runs(row)
+
+
+def summarise_runs(row: dict[str, Any]) -> None:
+    """throughput median and spread, repeats, and the worst load average, from the row's `runs`."""
+    runs = row.get("runs")
+    if not runs:
+        return
+    tps = [r["throughput_tok_s"] for r in runs if r.get("throughput_tok_s")]
+    row["repeats"] = len(runs)
+    if tps:
+        row["throughput_tok_s"] = statistics.median(tps)
+        row["throughput_spread"] = {"min": min(tps), "max": max(tps)}
+    loads = [r["loadavg_1m"] for r in runs if r.get("loadavg_1m") is not None]
+    host = row.setdefault("host", {})
+    if loads:
+        host["loadavg_1m"] = max(loads)
+    pressures = [r["cpu_pressure"] for r in runs if r.get("cpu_pressure") is not None]
+    if pressures:
+        host["cpu_pressure"] = max(pressures)
+    host.setdefault("cpus", next((r.get("cpus") for r in runs if r.get("cpus")), os.cpu_count()))
+
+
+def apply_pairs(row: dict[str, Any], baseline_row: dict[str, Any]) -> None:
+    """The speedup of a row with repeats from matched pairs with its baseline (same repeat number): the
+    median of the ratios, their spread and n. Each pair is marked contended if either side was."""
+    mine, base = _runs_of(row), _runs_of(baseline_row)
+    pairs = []
+    for r in sorted(set(mine) & set(base)):
+        t, b = mine[r].get("throughput_tok_s"), base[r].get("throughput_tok_s")
+        if t and b:
+            pairs.append(
+                {
+                    "repeat": r,
+                    "speedup": t / b,
+                    "contended": _run_contended(mine[r]) or _run_contended(base[r]),
+                }
+            )
+    row["speedup_runs"] = pairs
+    if pairs:
+        ratios = [p["speedup"] for p in pairs]
+        row["speedup"] = statistics.median(ratios)
+        row["speedup_spread"] = {"min": min(ratios), "max": max(ratios), "n": len(ratios)}
+    else:
+        row["speedup"], row["speedup_spread"] = None, None
+
+
+def evidence(row: dict[str, Any]) -> tuple[str, float | None, str]:
+    """Whether an SD row's speedup supports a verdict: ("faster" | "slower" | "unsure", the figure it rests
+    on, why).
+
+    With matched pairs, only pairs measured on a quiet machine count (a competing process shifts the SD/no-SD
+    ratio, not only its spread): two or more quiet pairs decide when their spread lies on one side of 1.0,
+    and the figure is their median; one quiet pair decides alone (a single measurement, as without repeats).
+    A row without pairs is one measurement and decides unless it was contended."""
+    sp = row.get("speedup")
+    if sp is None:
+        return "unsure", None, "no speedup"
+    pairs = row.get("speedup_runs")
+    if not pairs:
+        if contended(row):
+            host = row.get("host") or {}
+            return (
+                "unsure",
+                sp,
+                (
+                    "one run, measured while other processes competed for the CPUs (load average "
+                    f"{host.get('loadavg_1m')} on {host.get('cpus')} CPUs, CPU pressure {row_pressure(row)})"
+                ),
+            )
+        return ("faster" if sp >= 1.0 else "slower"), sp, "one run"
+    quiet = [p["speedup"] for p in pairs if not p.get("contended")]
+    if not quiet:
+        return (
+            "unsure",
+            sp,
+            (f"all {len(pairs)} matched pair(s) ran while other processes competed for the CPUs"),
+        )
+    lo, hi, med = min(quiet), max(quiet), statistics.median(quiet)
+    n = f"{len(quiet)} quiet matched pair(s)" + (f" of {len(pairs)}" if len(quiet) < len(pairs) else "")
+    if lo < 1.0 <= hi:
+        return "unsure", med, f"{n}: {lo:.2f}x-{hi:.2f}x straddles 1.00x"
+    return ("faster" if lo >= 1.0 else "slower"), med, f"{n}: {lo:.2f}x-{hi:.2f}x"

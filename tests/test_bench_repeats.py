@@ -1,0 +1,229 @@
+"""Repeats and noise: matched pairs, the contention flag, and verdicts that the noise must support."""
+
+from __future__ import annotations
+
+import pytest
+
+from speclab.bench.repeats import (
+    add_run,
+    apply_pairs,
+    contended,
+    evidence,
+    runs_done,
+    split_unit,
+    unit_id,
+)
+from speclab.bench.show import contention_note, format_table
+from speclab.report.recommend import CANNOT_TELL, headline, recommendations
+from speclab.report.sections import ReportData, summary
+
+QUIET, BUSY = 1.0, 6.0  # 1-minute load averages on 2 CPUs
+
+
+def run(repeat: int, tps: float, load: float = QUIET) -> dict:
+    return {"repeat": repeat, "throughput_tok_s": tps, "loadavg_1m": load, "cpus": 2}
+
+
+def row(label: str, method: str, tps: list[float], loads: list[float] | None = None, **kw) -> dict:
+    loads = loads or [QUIET] * len(tps)
+    r = {
+        "cell_id": f"{label}.w.cont.b{kw.get('batch_size', 1)}.x",
+        "status": "ok",
+        "label": label,
+        "method": method,
+        "k": None if method == "none" else 3,
+        "target": "t",
+        "dtype": "float32",
+        "workload": kw.get("workload", "w"),
+        "batching": "continuous",
+        "batch_size": kw.get("batch_size", 1),
+        "throughput_tok_s": tps[0],
+        "speedup": 1.0 if method == "none" else None,
+        "host": {"loadavg_1m": loads[0], "cpus": 2},
+    }
+    for i, (t, ld) in enumerate(zip(tps, loads, strict=True), 1):
+        add_run(r, run(i, t, ld))
+    return r
+
+
+def paired(base: dict, sd: dict) -> dict:
+    apply_pairs(sd, base)
+    return sd
+
+
+def test_unit_ids_keep_repeat_one_as_the_cell_id():
+    assert unit_id("ngram-k3.w.cont.b1.abc", 1) == "ngram-k3.w.cont.b1.abc"
+    assert split_unit(unit_id("ngram-k3.w.cont.b1.abc", 3)) == ("ngram-k3.w.cont.b1.abc", 3)
+    assert split_unit("ngram-k3.w.cont.b1.abc") == ("ngram-k3.w.cont.b1.abc", 1)
+    assert runs_done({"status": "ok"}) == {1} and runs_done({"status": "failed"}) == set()
+
+
+def test_matched_pairs_median_and_spread():
+    base = row("none", "none", [10.0, 20.0, 10.0])
+    sd = paired(base, row("ngram-k3", "ngram", [21.0, 22.0, 19.0]))
+    # pairs 2.1, 1.1, 1.9: the median of ratios (1.9), not the ratio of medians (21 / 10 = 2.1)
+    assert [p["speedup"] for p in sd["speedup_runs"]] == pytest.approx([2.1, 1.1, 1.9])
+    assert sd["speedup"] == pytest.approx(1.9)
+    assert sd["speedup_spread"] == {"min": pytest.approx(1.1), "max": pytest.approx(2.1), "n": 3}
+    assert sd["throughput_tok_s"] == 21.0 and sd["throughput_spread"] == {"min": 19.0, "max": 22.0}
+    # a baseline measured once (an older run) pairs with repeat 1 only
+    one = {
+        "status": "ok",
+        "method": "none",
+        "throughput_tok_s": 10.0,
+        "host": {"loadavg_1m": QUIET, "cpus": 2},
+    }
+    sd1 = paired(one, row("ngram-k3", "ngram", [21.0, 22.0]))
+    assert sd1["speedup_spread"]["n"] == 1 and sd1["speedup"] == pytest.approx(2.1)
+
+
+def test_evidence_rules():
+    base = row("none", "none", [10.0, 10.0, 10.0])
+    # quiet pairs on one side of 1.0 decide
+    kind, fig, why = evidence(paired(base, row("a", "ngram", [12.0, 13.0, 11.0])))
+    assert kind == "faster" and fig == pytest.approx(1.2) and "3 quiet matched pair(s)" in why
+    assert evidence(paired(base, row("a", "ngram", [8.0, 9.0, 9.5])))[0] == "slower"
+    # a spread that straddles 1.0 does not
+    kind, _, why = evidence(paired(base, row("a", "ngram", [9.0, 12.0, 13.0])))
+    assert kind == "unsure" and "straddles 1.00x" in why
+    # contended pairs do not count (either side contended): here the quiet one decides alone
+    sd = paired(base, row("a", "ngram", [5.0, 12.0, 6.0], loads=[BUSY, QUIET, BUSY]))
+    kind, fig, why = evidence(sd)
+    assert (kind, fig) == ("faster", pytest.approx(1.2)) and "1 quiet matched pair(s) of 3" in why
+    busy_base = row("none", "none", [10.0, 10.0], loads=[BUSY, BUSY])
+    kind, _, why = evidence(paired(busy_base, row("a", "ngram", [5.0, 6.0])))
+    assert kind == "unsure" and "all 2 matched pair(s) ran while other processes competed" in why
+    # no repeats: one run decides unless it was contended
+    single = {"speedup": 0.8, "host": {"loadavg_1m": QUIET, "cpus": 2}}
+    assert evidence(single) == ("slower", 0.8, "one run")
+    kind, _, why = evidence({"speedup": 0.8, "host": {"loadavg_1m": BUSY, "cpus": 2}})
+    assert kind == "unsure" and "one run" in why and "6.0 on 2 CPUs" in why
+    # CPU pressure (PSI: share of the cell in which some task waited for a CPU) flags a cell the load
+    # average (a 1-minute mean) has not caught up with yet
+    hot = row("a", "ngram", [12.0, 13.0, 11.0])
+    hot["runs"][1]["cpu_pressure"] = 0.8
+    sd = paired(base, hot)
+    assert [p["contended"] for p in sd["speedup_runs"]] == [False, True, False]
+    assert "2 quiet matched pair(s) of 3" in evidence(sd)[2]
+    assert contended({"host": {"loadavg_1m": 1.0, "cpus": 2}, "engine_info": {"cpu_pressure": 0.7}})
+    assert not contended({"host": {"loadavg_1m": 1.0, "cpus": 2}, "engine_info": {"cpu_pressure": 0.1}})
+    assert contended({"host": {"loadavg_1m": 2.6, "cpus": 2}}) and not contended(
+        {"host": {"loadavg_1m": 2.2, "cpus": 2}}
+    )
+
+
+def _recs(rows: list[dict]) -> dict:
+    return {(r["workload"], r["batch_size"]): r for r in recommendations(rows, None)}
+
+
+def test_recommendations_never_call_sd_off_or_on_on_noise():
+    base = row("none", "none", [10.0, 10.0, 10.0])
+    rows = [base]
+    # B=1: ngram straddles 1.0 -> cannot tell
+    rows.append(paired(base, row("ngram-k3", "ngram", [9.0, 12.0, 13.0])))
+    rec = _recs(rows)[("w", 1)]
+    assert rec["verdict"] == CANNOT_TELL and rec["recommend"] == CANNOT_TELL
+    assert "ngram-k3" in rec["why"] and "straddles" in rec["why"] and rec["spread"] == "0.90-1.30 (n=3)"
+    # a second candidate that is clearly faster decides: use it
+    rows.append(paired(base, row("suffix-k8", "suffix", [11.0, 11.5, 12.0])))
+    rec = _recs(rows)[("w", 1)]
+    assert (rec["verdict"], rec["recommend"]) == ("use SD", "suffix-k8")
+    assert rec["best_speedup"] == pytest.approx(1.15) and rec["runner_up"] == "ngram-k3"
+    assert "3 quiet matched pair(s)" in rec["why"]
+    # "SD off" only when every candidate is clearly slower
+    slow = [base, paired(base, row("ngram-k3", "ngram", [8.0, 9.0, 9.5]))]
+    assert _recs(slow)[("w", 1)]["verdict"] == "SD off"
+    slow.append(paired(base, row("draft-k3", "draft_model", [7.0, 12.0, 8.0])))
+    rec = _recs(slow)[("w", 1)]
+    assert rec["verdict"] == CANNOT_TELL and rec["why"].startswith("draft-k3:")
+
+
+def test_a_contended_run_says_cannot_tell_instead_of_sd_off():
+    """The issue's case: beside another CPU-heavy process every SD cell measured below 1.0x, while a quiet
+    run measured n-gram at 2.21x (B=1) and 1.16x (B=16). Contended figures must not decide."""
+    rows = []
+    for b, sp in ((1, 0.85), (16, 0.9)):
+        base = row("none", "none", [30.0, 31.0, 29.0], loads=[BUSY] * 3, batch_size=b)
+        sd = row("ngram-k3", "ngram", [30.0 * sp, 31.0 * sp, 29.0 * sp], loads=[BUSY] * 3, batch_size=b)
+        rows += [base, paired(base, sd)]
+    recs = _recs(rows)
+    assert all(r["verdict"] == CANNOT_TELL for r in recs.values())
+    lines = headline(list(recs.values()))
+    assert "cannot tell in 2" in lines[0] and "should be off in 0" in lines[0]
+    assert "not supported by the noise" in lines[1]
+    # without repeats (one run each, contended): the same
+    single = [{k: v for k, v in r.items() if k not in ("runs", "speedup_runs")} for r in rows]
+    assert all(r["verdict"] == CANNOT_TELL for r in recommendations(single, None))
+    # the same cells measured on a quiet machine decide
+    quiet = []
+    for b, sp in ((1, 2.21), (16, 1.16)):
+        base = row("none", "none", [30.0, 31.0, 29.0], batch_size=b)
+        quiet += [
+            base,
+            paired(base, row("ngram-k3", "ngram", [30.0 * sp, 31.0 * sp, 29.0 * sp], batch_size=b)),
+        ]
+    assert {k: r["recommend"] for k, r in _recs(quiet).items()} == {
+        ("w", 1): "ngram-k3",
+        ("w", 16): "ngram-k3",
+    }
+
+
+def test_contention_flag_in_bench_show_and_the_report_summary():
+    base = row("none", "none", [10.0, 10.0, 10.0], loads=[QUIET, BUSY, QUIET])
+    sd = paired(base, row("ngram-k3", "ngram", [20.0, 21.0, 22.0]))
+    rows = [base, sd]
+    note = contention_note(rows)
+    assert note is not None and note.startswith("1 of 2 cell(s)") and "6.0 on 2 CPUs" in note
+    table = format_table(rows)
+    assert " n " in table.splitlines()[0] and "2.00-2.20" in table
+    html = "".join(
+        summary(
+            ReportData(
+                rows=rows, run_path=None, traces=None, analysis={}, recs=recommendations(rows, None), figs={}
+            )
+        )
+    )
+    assert "Contention:" in html and "1 of 2 cell(s)" in html
+    assert "measured 3 times, interleaved with its no-SD baseline" in html
+    quiet = [row("none", "none", [10.0]), row("ngram-k3", "ngram", [20.0])]
+    html = "".join(summary(ReportData(rows=quiet, run_path=None, traces=None, analysis={}, recs=[], figs={})))
+    assert "Contention" not in html
+
+
+def test_repeats_in_sweeps_presets_and_overrides():
+    from speclab.bench.api import load_sweep_source
+    from speclab.errors import ConfigError
+
+    spec, _ = load_sweep_source(preset="demo-cpu")
+    assert spec.repeats == 2 and spec.to_dict()["repeats"] == 2
+    assert load_sweep_source(preset="demo-cpu", overrides={"repeats": 3})[0].repeats == 3
+    assert load_sweep_source(preset="study-llama3.1-8b")[0].repeats == 1  # the default
+    with pytest.raises(ConfigError, match="field repeats: must be >= 1"):
+        load_sweep_source(preset="demo-cpu", overrides={"repeats": 0})
+    with pytest.raises(ConfigError, match="field repeats: expected an integer"):
+        load_sweep_source(preset="demo-cpu", overrides={"repeats": "3"})
+
+
+def test_gated_job_protocol(tmp_path):
+    import threading
+    import time
+
+    from speclab.engine.protocol import CellSpec, EngineSpec, Job, PromptSpec, gate_lines, gate_ready_path
+
+    cell = CellSpec("c1", "continuous", 1, 4, [PromptSpec("p", [1, 2])])
+    plain = Job(engine=EngineSpec(target="t"), cells=[cell])
+    assert "gate" not in plain.to_dict()  # job files of ungated runs are unchanged
+    gated = Job.from_dict(dict(plain.to_dict(), gate=str(tmp_path / "gate")))
+    assert gated.gate == str(tmp_path / "gate") and gate_ready_path(gated.gate).name == "gate.ready"
+    gate = tmp_path / "gate"
+
+    def runner() -> None:  # appends whole lines, one at a time, as the sweep runner does
+        for line in ("c1", "c1#r2", "", "done", "never"):
+            time.sleep(0.05)
+            with open(gate, "a") as fh:
+                fh.write(line + "\n")
+
+    t = threading.Thread(target=runner)
+    t.start()
+    assert list(gate_lines(gate, poll_s=0.01)) == ["c1", "c1#r2"]  # until "done"; blank lines skipped
+    t.join()
