@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cost-models": ("cost_models", "List, show and fit cost models."),
     "analyze": ("analyze", "Acceptance analysis: per workload and method statistics, oracle gaps."),
     "report": ("report", "Write the HTML report with plots."),
+    "drafters": ("drafters", "Train drafters (EAGLE-3 heads) for a local target on CPU."),
 }
 
 
