@@ -26,7 +26,7 @@ from speclab.drafters.evaluate import chain_accepts, replay_metrics, step_replay
 from speclab.drafters.train import EagleRecipe, pick_draft_vocab, train_head, ttt_loss  # noqa: E402
 
 VOCAB = 50
-AUX = [1, 2]
+AUX = [0, 1]  # HF hidden_states indices below the last (that one is post-norm in HF)
 
 
 @pytest.fixture(scope="module")
@@ -209,3 +209,39 @@ def test_cli_rejects_bad_options(capsys) -> None:
         main(["drafters", "train", "eagle", "--prompts-scale", "0"])
     assert exc.value.code == 2
     assert "speclab: error: --prompts-scale must be > 0" in capsys.readouterr().err
+
+
+def test_train_eagle_saves_a_manifest_and_reuses_the_cache(target, seqs, tmp_path, monkeypatch) -> None:
+    import speclab.drafters.train as tr
+    from speclab.workloads.base import Prompt
+
+    tdir = tmp_path / "target"
+    tdir.mkdir()
+    (tdir / "config.json").write_text(json.dumps(target.config.to_dict()))
+    calls = []
+
+    def fake_build(model, tok, prompts, aux, max_new, max_prompt, batch_size=8, log=None):
+        calls.append(len(prompts))
+        return [
+            Sequence(p.id, p.workload, s.tokens, s.feats, s.labels, s.out_start)
+            for p, s in zip(prompts, seqs, strict=False)
+        ]
+
+    def prompts(n: int, tag: str) -> list:
+        return [Prompt(f"{tag}{i}", "w", "chat", [{"role": "user", "content": str(i)}]) for i in range(n)]
+
+    monkeypatch.setattr(tr, "load_target", lambda name: (target, None, tdir))
+    monkeypatch.setattr(tr, "training_prompts", lambda w, seed: prompts(8, "t"))
+    monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed: prompts(4, "e"))
+    monkeypatch.setattr(tr, "build_sequences", fake_build)
+    recipe = EagleRecipe(target="tiny", draft_vocab=30, epochs=2, batch_size=4, evals=1, aux_layers=AUX)
+    out = tr.train_eagle(recipe, cache_dir=str(tmp_path / "cache"))
+    m = json.loads((out / "speclab-manifest.json").read_text())
+    assert out.parent == tmp_path / "cache" / "tiny" and tr.is_trained(out)
+    assert set(m["files"]) == {"config.json", "model.safetensors"}
+    assert m["data"]["train_prompts"] == 8 and m["training"]["steps"] == 4 and m["final"]["all"]["steps"] > 0
+    assert calls == [8, 4]
+    again = tr.train_eagle(EagleRecipe(**{**recipe.__dict__}), cache_dir=str(tmp_path / "cache"))
+    assert again == out and calls == [8, 4]  # cached: neither data nor training ran again
+    (out / "model.safetensors").write_bytes(b"corrupt")
+    assert not tr.is_trained(out)

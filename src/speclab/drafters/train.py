@@ -15,6 +15,7 @@ that, when it triggers, is recorded in the manifest (the result then depends on 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
@@ -253,9 +254,28 @@ def train_eagle(
     key = recipe.key(_target_identity(target_dir))
     root = drafters_dir(recipe.target, cache_dir)
     out = root / f"eagle3-{key}"
-    if not force and is_trained(out):
-        say(f"eagle3 head for {recipe.target}: up to date at {out}")
-        return out
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".eagle3-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one training per recipe at a time; a waiter then finds it cached
+        if not force and is_trained(out):
+            say(f"eagle3 head for {recipe.target}: up to date at {out}")
+            return out
+        return _train_locked(recipe, model, tok, target_dir, tcfg, aux, root, out, say, max_minutes, t_start)
+
+
+def _train_locked(
+    recipe: EagleRecipe,
+    model: Any,
+    tok: Any,
+    target_dir: Path,
+    tcfg: dict[str, Any],
+    aux: list[int],
+    root: Path,
+    out: Path,
+    say: Any,
+    max_minutes: float | None,
+    t_start: float,
+) -> Path:
     data_key = hashlib.sha256(
         json.dumps(
             [
@@ -314,8 +334,10 @@ def train_eagle(
     )
     stats = train_head(head, train, heldout, recipe, say, max_minutes)
 
-    root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".eagle3-build-", dir=root))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the cache entry should read like any directory
     try:
         head.save(tmp)
         manifest = {
