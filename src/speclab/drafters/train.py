@@ -62,7 +62,7 @@ class EagleRecipe:
     draft_vocab: int = 8192
     k: int = 3  # TTT steps (= drafts per step it is trained for)
     step_weights: float = 0.8  # loss weight of step j: step_weights ** j
-    epochs: int = 3
+    epochs: int = 8  # from the acceptance curve in docs/drafters.md (3 epochs: 0.33 math first-pos acc)
     batch_size: int = 8
     lr: float = 1e-3
     eval_workloads: list[str] = field(default_factory=lambda: ["offline-math", "offline-chat"])
