@@ -243,5 +243,12 @@ def test_train_eagle_saves_a_manifest_and_reuses_the_cache(target, seqs, tmp_pat
     assert calls == [8, 4]
     again = tr.train_eagle(EagleRecipe(**{**recipe.__dict__}), cache_dir=str(tmp_path / "cache"))
     assert again == out and calls == [8, 4]  # cached: neither data nor training ran again
+    from click.testing import CliRunner
+
+    from speclab.cli import cli
+
+    shown = CliRunner().invoke(cli, ["drafters", "show", str(out)])
+    assert shown.exit_code == 0 and "first-position acceptance" in shown.output
+    assert "(4/4 steps, 2 epochs planned)" in shown.output
     (out / "model.safetensors").write_bytes(b"corrupt")
     assert not tr.is_trained(out)

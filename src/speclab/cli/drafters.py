@@ -95,7 +95,12 @@ def _summary(path: Path) -> None:
                 f"  {w}: first-position acceptance {r['first_acceptance']:.3f}, "
                 f"tokens/step {r['tokens_per_step']:.3f} (k={m['recipe']['k']}, {r['steps']} steps, held out)"
             )
-    click.echo(f"  trained in {m['total_seconds']:.0f} s, peak RSS {m['peak_rss_mib']:.0f} MiB")
+    tr = m["training"]
+    capped = ", stopped by --max-minutes" if tr.get("time_capped") else ""
+    click.echo(
+        f"  trained in {m['total_seconds']:.0f} s ({tr['steps']}/{tr['planned_steps']} steps, "
+        f"{m['recipe']['epochs']} epochs planned{capped}), peak RSS {m['peak_rss_mib']:.0f} MiB"
+    )
 
 
 @command.command(name="show")
