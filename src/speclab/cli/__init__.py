@@ -34,6 +34,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("validate", "Simulate every cell of a bench run and compare with what it measured."),
     "analyze": ("analyze", "Acceptance analysis: per workload and method statistics, oracle gaps."),
     "report": ("report", "Write the HTML report with plots."),
+    "drafters": ("drafters", "Train drafters (EAGLE-3 heads) for a local target on CPU."),
 }
 
 

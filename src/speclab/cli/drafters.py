@@ -1,0 +1,122 @@
+"""`speclab drafters`: train drafters for a local target on CPU (cache: $SPECLAB_CACHE/drafters)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+@click.group(name="drafters")
+def command() -> None:
+    """Train speculative-decoding drafters for a local target (self-distilled, cached with a manifest)."""
+
+
+@command.group(name="train")
+def train_group() -> None:
+    """Train a drafter."""
+
+
+@train_group.command(name="eagle")
+@click.option(
+    "--target", default="smollm2-135m", show_default=True, help="Target model preset or checkpoint."
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--epochs", type=int, default=None, help="Training epochs (default: the recipe's).")
+@click.option("--draft-vocab", type=int, default=None, help="Draft vocabulary size (default 8192).")
+@click.option("--k", "k", type=int, default=None, help="Chained draft steps trained for (default 3).")
+@click.option(
+    "--prompts-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Multiply the number of training prompts per workload (a longer budget for a better head).",
+)
+@click.option(
+    "--max-new-tokens", type=int, default=None, help="Greedy tokens per training prompt (default 64)."
+)
+@click.option("--max-minutes", type=float, default=None, help="Stop training after this long (recorded).")
+@click.option("--threads", type=int, default=None, help="torch threads (1 is faster on a contended machine).")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Drafters cache directory.")
+@click.option("--force", is_flag=True, help="Retrain even if a head for this recipe is cached.")
+def train_eagle_cmd(
+    target: str,
+    seed: int,
+    epochs: int | None,
+    draft_vocab: int | None,
+    k: int | None,
+    prompts_scale: float,
+    max_new_tokens: int | None,
+    max_minutes: float | None,
+    threads: int | None,
+    cache_dir: str | None,
+    force: bool,
+) -> None:
+    """Train an EAGLE-3 head (reduced draft vocabulary) by self-distillation on the offline workloads.
+
+    Prints the head's directory (pass it to vLLM with method eagle3) and its held-out replay metrics.
+    """
+    from speclab.drafters.train import EagleRecipe, train_eagle
+    from speclab.errors import ConfigError
+
+    recipe = EagleRecipe(target=target, seed=seed)
+    if prompts_scale <= 0:
+        raise ConfigError("--prompts-scale must be > 0")
+    recipe.workloads = {w: max(1, round(n * prompts_scale)) for w, n in recipe.workloads.items()}
+    for name, value in (
+        ("epochs", epochs),
+        ("draft_vocab", draft_vocab),
+        ("k", k),
+        ("max_new_tokens", max_new_tokens),
+    ):
+        if value is not None:
+            if value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
+            setattr(recipe, name, value)
+    path = train_eagle(
+        recipe,
+        cache_dir,
+        force=force,
+        log=lambda m: click.echo(m, err=True),
+        max_minutes=max_minutes,
+        threads=threads,
+    )
+    click.echo(str(path))
+    _summary(path)
+
+
+def _summary(path: Path) -> None:
+    m = json.loads((path / "speclab-manifest.json").read_text())
+    final = m.get("final") or {}
+    for w, r in final.items():
+        if isinstance(r, dict):
+            click.echo(
+                f"  {w}: first-position acceptance {r['first_acceptance']:.3f}, "
+                f"tokens/step {r['tokens_per_step']:.3f} (k={m['recipe']['k']}, {r['steps']} steps, held out)"
+            )
+    tr = m["training"]
+    capped = ", stopped by --max-minutes" if tr.get("time_capped") else ""
+    click.echo(
+        f"  trained in {m['total_seconds']:.0f} s ({tr['steps']}/{tr['planned_steps']} steps, "
+        f"{m['recipe']['epochs']} epochs planned{capped}), peak RSS {m['peak_rss_mib']:.0f} MiB"
+    )
+
+
+@command.command(name="show")
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+def show_cmd(path: str) -> None:
+    """Summarise a trained drafter's manifest (held-out metrics, budget, acceptance curve)."""
+    from speclab.errors import SpeclabError
+
+    p = Path(path)
+    if not (p / "speclab-manifest.json").is_file():
+        raise SpeclabError(f"{p}: no speclab-manifest.json (not a speclab-trained drafter)")
+    _summary(p)
+    m = json.loads((p / "speclab-manifest.json").read_text())
+    click.echo("  curve (train tokens, seconds, first-acc, tokens/step over all held-out):")
+    for pt in m["training"]["curve"]:
+        a = pt.get("all", {})
+        click.echo(
+            f"    {pt['train_tokens']:>8} {pt['seconds']:>8} {a.get('first_acceptance')} {a.get('tokens_per_step')}"
+        )

@@ -1,0 +1,90 @@
+"""Replay of a drafter against the target's greedy output (teacher-forced), as vLLM would step it.
+
+For each held-out sequence (prompt + the target's greedy output), the head's k-step chains are computed at
+every position in one TTT pass. Decoding is then stepped as vLLM does: with context x[..c-1] the head drafts
+from position c-2; a = the number of leading drafts equal to the target's tokens; the step commits a + 1
+tokens. Metrics per workload: first-position acceptance (share of steps whose first draft is accepted),
+mean tokens per step (a + 1), and acceptance rate per draft position.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from speclab.drafters.data import Sequence
+from speclab.drafters.eagle3 import Eagle3Head
+
+
+def collate(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (tokens, feats, labels, valid) for a list of sequences."""
+    n = max(len(s.tokens) for s in seqs)
+    b, dim = len(seqs), seqs[0].feats.shape[1]
+    tokens = torch.zeros(b, n, dtype=torch.long)
+    feats = torch.zeros(b, n, dim)
+    labels = torch.full((b, n), -1, dtype=torch.long)
+    valid = torch.zeros(b, n, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        m = len(s.tokens)
+        tokens[i, :m], feats[i, :m], labels[i, :m], valid[i, :m] = s.tokens, s.feats.float(), s.labels, True
+    return tokens, feats, labels, valid
+
+
+@torch.no_grad()
+def chain_accepts(head: Eagle3Head, seqs: list[Sequence], k: int, batch_size: int = 8) -> list[torch.Tensor]:
+    """Per sequence, acc[t] = how many of the k drafts made from position t match the target's greedy
+    tokens x[t+2 ..] (chains are cut where the sequence ends)."""
+    head.eval()
+    draft_ids = head.draft_ids()
+    out: list[torch.Tensor] = []
+    for i in range(0, len(seqs), batch_size):
+        chunk = seqs[i : i + batch_size]
+        tokens, feats, labels, valid = collate(chunk)
+        logits = head.forward_ttt(tokens, feats, valid, k)
+        n = tokens.shape[1]
+        ok = torch.ones(tokens.shape, dtype=torch.bool)
+        acc = torch.zeros(tokens.shape, dtype=torch.long)
+        for j, lg in enumerate(logits):
+            pred = draft_ids[lg.argmax(-1)]  # target ids
+            lab = torch.roll(labels, -(1 + j), 1)  # target's argmax at t+1+j = x[t+2+j] in greedy output
+            inside = torch.arange(n) + 1 + j < n
+            ok = ok & (pred == lab) & (lab >= 0) & inside
+            acc += ok.long()
+        for r, s in enumerate(chunk):
+            out.append(acc[r, : len(s.tokens)].clone())
+    return out
+
+
+def step_replay(acc: torch.Tensor, out_start: int, n: int, k: int) -> list[int]:
+    """Accepted drafts per step while decoding positions out_start+1 .. n-1 (the first output token comes
+    from prefill). Drafts past the end of the output are not counted as accepted."""
+    steps: list[int] = []
+    c = out_start + 1
+    while c < n:
+        a = min(int(acc[c - 2]), k, n - c)
+        steps.append(a)
+        c += a + 1
+    return steps
+
+
+def replay_metrics(head: Eagle3Head, seqs: list[Sequence], k: int = 3) -> dict[str, Any]:
+    """Metrics per workload and over all: steps, first_acceptance, tokens_per_step, per-position rates."""
+    accs = chain_accepts(head, seqs, k)
+    by: dict[str, list[int]] = defaultdict(list)
+    for s, acc in zip(seqs, accs, strict=True):
+        steps = step_replay(acc, s.out_start, len(s.tokens), k)
+        by[s.workload] += steps
+        by["all"] += steps
+    res: dict[str, Any] = {}
+    for w, steps in by.items():
+        t = torch.tensor(steps, dtype=torch.float)
+        n = max(len(steps), 1)
+        res[w] = {
+            "steps": len(steps),
+            "first_acceptance": round(float((t >= 1).sum()) / n, 4),
+            "tokens_per_step": round(float((t + 1).sum()) / n, 4),
+            "per_position": [round(float((t >= j + 1).sum()) / n, 4) for j in range(k)],
+        }
+    return res

@@ -1,0 +1,375 @@
+"""`speclab drafters train eagle`: train an EAGLE-3 head for a local target on CPU, cache it with a manifest.
+
+Stages (each cached under `$SPECLAB_CACHE/drafters/<target>/`, keyed by a hash of everything it depends on):
+1. data: the target's greedy outputs on training prompts (offline workloads, bench/demo prompts held out),
+   with its hidden states at the aux layers and its argmax at every position (`data-<hash>.pt`);
+   the held-out evaluation prompts likewise (`eval-<hash>.pt`);
+2. training: TTT over k chained steps, cross-entropy against the target's greedy token mapped into the draft
+   vocabulary; replay metrics on the held-out prompts at intervals (the acceptance curve);
+3. output: `eagle3-<hash>/` holding config.json + model.safetensors (vLLM's eagle3 layout) and
+   `speclab-manifest.json` (recipe, data and training statistics, curve, file checksums), swapped in atomically.
+
+Deterministic under the seed (single-threaded order of batches, seeded init); `max_minutes` is a safety cap
+that, when it triggers, is recorded in the manifest (the result then depends on the machine's speed).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import os
+import random
+import resource
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speclab.atomic import atomic_path
+from speclab.drafters.data import Sequence, build_sequences, eval_prompts, training_prompts
+from speclab.drafters.eagle3 import Eagle3Head, head_config
+from speclab.drafters.evaluate import collate, replay_metrics
+from speclab.errors import SpeclabError
+
+MANIFEST = "speclab-manifest.json"
+RECIPE_VERSION = "1"
+
+DEFAULT_WORKLOADS = {
+    "offline-math": 64,
+    "offline-chat": 64,
+    "offline-code-edit": 16,
+    "offline-reasoning": 24,
+    "offline-summarization": 8,
+}
+
+
+@dataclass
+class EagleRecipe:
+    """Everything a trained head depends on (its hash names the cache entry)."""
+
+    target: str = "smollm2-135m"
+    seed: int = 0
+    workloads: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_WORKLOADS))
+    max_new_tokens: int = 64
+    max_prompt_tokens: int = 512
+    aux_layers: list[int] | None = None  # HF hidden_states indices; None: (2, L // 2, L - 1)
+    draft_vocab: int = 8192
+    k: int = 3  # TTT steps (= drafts per step it is trained for)
+    step_weights: float = 0.8  # loss weight of step j: step_weights ** j
+    epochs: int = 8  # from the acceptance curve in docs/drafters.md (3 epochs: 0.33 math first-pos acc)
+    batch_size: int = 8
+    lr: float = 1e-3
+    eval_workloads: list[str] = field(default_factory=lambda: ["offline-math", "offline-chat"])
+    eval_prompts: int = 16
+    eval_seed: int = 42  # the demo's seed: its prompts are exactly the held-out ones
+    evals: int = 6  # points on the acceptance curve
+
+    def key(self, target_files: Any) -> str:
+        blob = json.dumps([RECIPE_VERSION, asdict(self), target_files], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def drafters_dir(target: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    from speclab.models.prepare import cache_root
+
+    return (Path(cache_dir).expanduser() if cache_dir else cache_root() / "drafters") / target
+
+
+def _checksums(d: Path) -> dict[str, str]:
+    from speclab.models.prepare import sha256_file
+
+    return {p.name: sha256_file(p) for p in sorted(d.iterdir()) if p.is_file() and p.name != MANIFEST}
+
+
+def is_trained(d: Path, verify_files: bool = True) -> bool:
+    try:
+        m = json.loads((d / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    if m.get("recipe_version") != RECIPE_VERSION:
+        return False
+    if not verify_files:
+        return all((d / f).is_file() for f in m.get("files", {}))
+    return _checksums(d) == m.get("files")
+
+
+def load_target(target: str, cache_dir: str | None = None) -> tuple[Any, Any, Path]:
+    """(model, tokenizer, checkpoint dir) of the fp32 target (prepared on first use)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from speclab.models.prepare import resolve_model
+
+    path = resolve_model(target, "float32")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(str(path)), path
+
+
+def _target_identity(path: Path) -> Any:
+    from speclab.models.prepare import read_manifest
+
+    m = read_manifest(path)
+    return m["files"] if m else str(path)
+
+
+def _seqs_to_obj(seqs: list[Sequence]) -> list[dict[str, Any]]:
+    return [s.__dict__ for s in seqs]
+
+
+def cached_sequences(path: Path, build: Any, log: Any) -> list[Sequence]:
+    """Load `path` (torch.save of sequence dicts) or build and save it atomically."""
+    if path.is_file():
+        log(f"data: cached at {path}")
+        return [Sequence(**d) for d in torch.load(path, weights_only=False)]
+    seqs = build()
+    with atomic_path(path) as tmp:
+        torch.save(_seqs_to_obj(seqs), tmp)
+    return seqs
+
+
+def pick_draft_vocab(seqs: list[Sequence], size: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `size` target ids the target emits most often (greedy labels, then input tokens; ties by id),
+    sorted ascending; returns (d2t offsets, t2d mask) as vLLM reads them."""
+    counts = torch.zeros(vocab, dtype=torch.float64)
+    for s in seqs:
+        lab = s.labels[s.labels >= 0]
+        counts += torch.bincount(lab, minlength=vocab).double()
+        counts += 1e-3 * torch.bincount(s.tokens, minlength=vocab).double()  # break ties toward seen tokens
+    size = min(size, vocab)
+    # stable: among equal counts the lower id wins
+    order = sorted(range(vocab), key=lambda i: (-float(counts[i]), i))[:size]
+    ids = torch.tensor(sorted(order), dtype=torch.long)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids] = True
+    return ids - torch.arange(size), t2d
+
+
+def ttt_loss(head: Eagle3Head, seqs: list[Sequence], k: int, decay: float) -> torch.Tensor:
+    tokens, feats, labels, valid = collate(seqs)
+    n = tokens.shape[1]
+    total = torch.zeros(())
+    for j, lg in enumerate(head.forward_ttt(tokens, feats, valid, k)):
+        lab = torch.roll(labels, -(1 + j), 1)
+        lab[:, n - 1 - j :] = -1
+        tgt = torch.where(lab >= 0, head.t2d_index[lab.clamp(min=0)], torch.full_like(lab, -1))
+        if (tgt >= 0).any():
+            total = total + decay**j * torch.nn.functional.cross_entropy(
+                lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1), ignore_index=-1
+            )
+    return total
+
+
+def train_head(
+    head: Eagle3Head,
+    train: list[Sequence],
+    heldout: list[Sequence],
+    recipe: EagleRecipe,
+    log: Any,
+    max_minutes: float | None = None,
+) -> dict[str, Any]:
+    """AdamW with warmup + cosine decay over a fixed number of steps; returns training statistics."""
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0)
+    rng = random.Random(recipe.seed)
+    per_epoch = math.ceil(len(train) / recipe.batch_size)
+    total = max(per_epoch * recipe.epochs, 1)
+    warm = max(total // 20, 1)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warm, 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0))))
+    )
+    eval_at = {round(total * i / recipe.evals) for i in range(1, recipe.evals + 1)}
+    curve: list[dict[str, Any]] = []
+    t0, seen, step, capped = time.perf_counter(), 0, 0, False
+
+    def evaluate() -> None:
+        m = replay_metrics(head, heldout, recipe.k) if heldout else {}
+        curve.append({"step": step, "train_tokens": seen, "seconds": round(time.perf_counter() - t0, 1), **m})
+        overall = m.get("all", {})
+        log(
+            f"step {step}/{total}: {seen} tokens, {curve[-1]['seconds']} s, first-acc "
+            f"{overall.get('first_acceptance')}, tokens/step {overall.get('tokens_per_step')}"
+        )
+
+    evaluate()  # the curve's start: the early-exit init
+    for _ in range(recipe.epochs):
+        # length-bucketed batches (less padding), in a seeded order
+        order = sorted(range(len(train)), key=lambda i: (len(train[i].tokens), i))
+        batches = [order[i : i + recipe.batch_size] for i in range(0, len(order), recipe.batch_size)]
+        rng.shuffle(batches)
+        for b in batches:
+            head.train()
+            loss = ttt_loss(head, [train[i] for i in b], recipe.k, recipe.step_weights)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            seen += sum(len(train[i].tokens) for i in b)
+            if step in eval_at:
+                evaluate()
+            if max_minutes is not None and time.perf_counter() - t0 > max_minutes * 60:
+                capped = True
+                break
+        if capped:
+            break
+    if not curve or curve[-1]["step"] != step:
+        evaluate()
+    return {
+        "steps": step,
+        "planned_steps": total,
+        "train_tokens": seen,
+        "time_capped": capped,
+        "train_seconds": round(time.perf_counter() - t0, 1),
+        "curve": curve,
+    }
+
+
+def train_eagle(
+    recipe: EagleRecipe,
+    cache_dir: str | None = None,
+    force: bool = False,
+    log: Any = None,
+    max_minutes: float | None = None,
+    threads: int | None = None,
+) -> Path:
+    """Train (or find cached) the EAGLE-3 head for recipe.target; returns its directory."""
+    say = log or (lambda msg: None)
+    torch.manual_seed(recipe.seed)
+    if threads:
+        torch.set_num_threads(threads)
+    t_start = time.perf_counter()
+    model, tok, target_dir = load_target(recipe.target)
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    n_layers = int(tcfg["num_hidden_layers"])
+    aux = list(recipe.aux_layers or [2, n_layers // 2, n_layers - 1])
+    if any(a < 0 or a >= n_layers for a in aux):
+        raise SpeclabError(f"drafters: aux layers must lie in 0..{n_layers - 1} (got {aux})")
+    recipe.aux_layers = aux
+    key = recipe.key(_target_identity(target_dir))
+    root = drafters_dir(recipe.target, cache_dir)
+    out = root / f"eagle3-{key}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".eagle3-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one training per recipe at a time; a waiter then finds it cached
+        if not force and is_trained(out):
+            say(f"eagle3 head for {recipe.target}: up to date at {out}")
+            return out
+        return _train_locked(recipe, model, tok, target_dir, tcfg, aux, root, out, say, max_minutes, t_start)
+
+
+def _train_locked(
+    recipe: EagleRecipe,
+    model: Any,
+    tok: Any,
+    target_dir: Path,
+    tcfg: dict[str, Any],
+    aux: list[int],
+    root: Path,
+    out: Path,
+    say: Any,
+    max_minutes: float | None,
+    t_start: float,
+) -> Path:
+    data_key = hashlib.sha256(
+        json.dumps(
+            [
+                RECIPE_VERSION,
+                recipe.seed,
+                recipe.workloads,
+                recipe.max_new_tokens,
+                recipe.max_prompt_tokens,
+                aux,
+                _target_identity(target_dir),
+            ],
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()[:12]
+    eval_key = hashlib.sha256(
+        json.dumps(
+            [
+                RECIPE_VERSION,
+                recipe.eval_workloads,
+                recipe.eval_prompts,
+                recipe.eval_seed,
+                recipe.max_new_tokens,
+                recipe.max_prompt_tokens,
+                aux,
+                _target_identity(target_dir),
+            ]
+        ).encode()
+    ).hexdigest()[:12]
+
+    def gen(prompts: list[Any]) -> Any:
+        return lambda: build_sequences(
+            model, tok, prompts, aux, recipe.max_new_tokens, recipe.max_prompt_tokens, batch_size=8, log=say
+        )
+
+    t0 = time.perf_counter()
+    train_p = training_prompts(recipe.workloads, recipe.seed)
+    say(f"data: {len(train_p)} training prompts (bench/demo prompts held out)")
+    train = cached_sequences(root / f"data-{data_key}.pt", gen(train_p), say)
+    held_p = eval_prompts(recipe.eval_workloads, recipe.eval_prompts, recipe.eval_seed)
+    overlap = {p.id for p in held_p} & {s.prompt_id for s in train}
+    if overlap:
+        raise SpeclabError(f"drafters: {len(overlap)} evaluation prompts are in the training data")
+    heldout = cached_sequences(root / f"eval-{eval_key}.pt", gen(held_p), say)
+    data_seconds = time.perf_counter() - t0
+
+    d2t, t2d = pick_draft_vocab(train, recipe.draft_vocab, int(tcfg["vocab_size"]))
+    cfg = head_config(tcfg, aux, len(d2t))
+    embed = model.get_input_embeddings().weight.detach()
+    head = Eagle3Head(cfg, embed, d2t, t2d)
+    head.init_from_target(model.model.norm.weight.detach(), model.get_output_embeddings().weight, recipe.seed)
+    labels = torch.cat([s.labels[s.labels >= 0] for s in heldout])
+    coverage = float(t2d[labels].float().mean()) if len(labels) else 0.0
+    say(
+        f"training: {sum(len(s.tokens) for s in train)} tokens, draft vocab {len(d2t)} "
+        f"(covers {coverage:.1%} of held-out greedy tokens)"
+    )
+    stats = train_head(head, train, heldout, recipe, say, max_minutes)
+
+    tmp = Path(tempfile.mkdtemp(prefix=".eagle3-build-", dir=root))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the cache entry should read like any directory
+    try:
+        head.save(tmp)
+        manifest = {
+            "kind": "eagle3",
+            "recipe_version": RECIPE_VERSION,
+            "recipe": asdict(recipe),
+            "target_dir": str(target_dir),
+            "target_files": _target_identity(target_dir),
+            "data": {
+                "train_prompts": len(train),
+                "train_tokens": sum(len(s.tokens) for s in train),
+                "generated_tokens": sum(len(s.tokens) - s.out_start for s in train),
+                "heldout_prompts": len(heldout),
+                "draft_vocab_coverage_heldout": round(coverage, 4),
+                "data_seconds": round(data_seconds, 1),
+            },
+            "training": stats,
+            "final": stats["curve"][-1] if stats["curve"] else None,
+            "total_seconds": round(time.perf_counter() - t_start, 1),
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "torch_threads": torch.get_num_threads(),
+            "files": _checksums(tmp),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if out.exists():
+            old = root / f".eagle3-old-{os.getpid()}"
+            os.replace(out, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    say(f"eagle3 head for {recipe.target}: saved at {out}")
+    return out

@@ -1,0 +1,254 @@
+"""speclab.drafters: held-out prompts, feature capture, the EAGLE-3 head's TTT pass against step-by-step
+drafting, its vLLM checkpoint layout, deterministic training and the replay metrics. Tiny random models only
+(a few training steps); training on the real target is not run here."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from helpers import tiny_llama
+
+pytest.importorskip("transformers")
+
+from speclab.drafters.data import (  # noqa: E402
+    Sequence,
+    eval_prompts,
+    greedy_with_features,
+    heldout_ids,
+    training_prompts,
+)
+from speclab.drafters.eagle3 import Eagle3Head, head_config  # noqa: E402
+from speclab.drafters.evaluate import chain_accepts, replay_metrics, step_replay  # noqa: E402
+from speclab.drafters.train import EagleRecipe, pick_draft_vocab, train_head, ttt_loss  # noqa: E402
+
+VOCAB = 50
+AUX = [0, 1]  # HF hidden_states indices below the last (that one is post-norm in HF)
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(1)
+    return tiny_llama(0, vocab=VOCAB)
+
+
+@pytest.fixture(scope="module")
+def seqs(target) -> list[Sequence]:
+    rng = random.Random(0)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(3, 9))] for _ in range(12)]
+    res = greedy_with_features(target, prompts, AUX, 20, {VOCAB - 1}, batch_size=5)
+    return [Sequence(str(i), "w" if i % 2 else "v", t, f, lab, n) for i, (t, f, lab, n) in enumerate(res)]
+
+
+def make_head(target, seqs, draft_vocab: int = 30, seed: int = 0) -> Eagle3Head:
+    d2t, t2d = pick_draft_vocab(seqs, draft_vocab, VOCAB)
+    head = Eagle3Head(
+        head_config(target.config.to_dict(), AUX, draft_vocab), target.get_input_embeddings().weight, d2t, t2d
+    )
+    head.init_from_target(target.model.norm.weight.detach(), target.lm_head.weight, seed)
+    return head
+
+
+# --- held-out prompts ---------------------------------------------------------------------------------
+
+
+def test_demo_prompts_are_held_out_of_training() -> None:
+    from importlib import resources
+
+    from speclab.bench.spec import load_sweep
+    from speclab.workloads.registry import load_workload
+
+    path = resources.files("speclab.presets.sweeps") / "demo-cpu.toml"
+    spec = load_sweep(str(path))
+    demo = {p.id for w in spec.workloads for p in load_workload(w, limit=spec.num_prompts, seed=spec.seed)}
+    assert demo <= heldout_ids(tuple(spec.workloads))
+    train = training_prompts({w: 40 for w in spec.workloads}, seed=0)
+    assert len(train) == 40 * len(spec.workloads)
+    assert not demo & {p.id for p in train}
+    # the evaluation set is exactly what the demo draws for those workloads
+    assert {p.id for p in eval_prompts(list(spec.workloads), spec.num_prompts, spec.seed)} == demo
+
+
+# --- data ---------------------------------------------------------------------------------------------
+
+
+def test_batched_greedy_features_match_a_plain_forward(target, seqs) -> None:
+    for s in seqs:
+        with torch.no_grad():
+            o = target(s.tokens[None], output_hidden_states=True)
+        am = o.logits[0].argmax(-1)
+        hs = torch.cat([o.hidden_states[a] for a in AUX], -1)[0]
+        assert torch.equal(am[s.out_start - 1 : -1], s.tokens[s.out_start :])  # greedy continuation
+        assert torch.equal(s.labels[:-1], am[:-1]) and s.labels[-1] == -1
+        assert torch.allclose(hs[:-1], s.feats[:-1].float(), atol=5e-3)  # stored as float16
+
+
+# --- the head -----------------------------------------------------------------------------------------
+
+
+def _sequential_chain(head: Eagle3Head, s: Sequence, t: int, k: int) -> list[torch.Tensor]:
+    """Draft logits after context x[..t+1], step by step as vLLM's proposer runs: a causal prefill over
+    positions 0..t with target features, then each draft attends to that cache plus earlier drafts."""
+    x, f = s.tokens, s.feats.float()
+    pos = torch.arange(t + 1)[None]
+    hidden = head.fc(f[None, : t + 1])
+    q, kc, vc = head._qkv(x[None, 1 : t + 2], hidden, pos)
+    att = torch.softmax(
+        (q @ kc.transpose(-1, -2)) * head.hd**-0.5 + torch.full((t + 1, t + 1), float("-inf")).triu(1), -1
+    )
+    logits, pre = head._finish(att @ vc, hidden)
+    out, prev = [logits[0, -1]], pre[:, -1:]
+    for j in range(1, k):
+        qj, kj, vj = head._qkv(x[None, t + 1 + j : t + 2 + j], prev, torch.tensor([[t + j]]))
+        kc, vc = torch.cat([kc, kj], 2), torch.cat([vc, vj], 2)
+        a = torch.softmax((qj @ kc.transpose(-1, -2)) * head.hd**-0.5, -1) @ vc
+        lg, prev = head._finish(a, prev)
+        out.append(lg[0, -1])
+    return out
+
+
+def test_ttt_pass_equals_step_by_step_drafting(target, seqs) -> None:
+    head = make_head(target, seqs)
+    with torch.no_grad():  # perturb the zero-initialised outputs so every path matters
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+    from speclab.drafters.evaluate import collate
+
+    tokens, feats, _, valid = collate(seqs[:3])
+    with torch.no_grad():
+        ttt = head.forward_ttt(tokens, feats, valid, 3)
+        for r, s in enumerate(seqs[:3]):
+            for t in range(0, len(s.tokens) - 4, 3):
+                seq = _sequential_chain(head, s, t, 3)
+                for j in range(3):
+                    assert torch.allclose(ttt[j][r, t], seq[j], atol=1e-4), (r, t, j)
+
+
+def test_checkpoint_layout_is_what_vllm_eagle3_loads(target, seqs, tmp_path) -> None:
+    head = make_head(target, seqs)
+    head.save(tmp_path)
+    from safetensors.torch import load_file
+
+    st = load_file(str(tmp_path / "model.safetensors"))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
+    assert cfg["draft_vocab_size"] == 30 and cfg["vocab_size"] == VOCAB
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == AUX
+    assert st["fc.weight"].shape == (32, 64)
+    assert st["midlayer.self_attn.q_proj.weight"].shape[1] == 64  # [embeds, hidden] concatenated
+    assert st["lm_head.weight"].shape == (30, 32) and "embed_tokens.weight" not in st
+    ids = torch.arange(30) + st["d2t"]
+    assert torch.equal(ids, ids.unique()) and st["t2d"].sum() == 30 and st["t2d"][ids].all()
+    again = Eagle3Head.load(tmp_path, target.get_input_embeddings().weight)
+    from speclab.drafters.evaluate import collate
+
+    tokens, feats, _, valid = collate(seqs[:2])
+    with torch.no_grad():
+        for a, b in zip(
+            head.forward_ttt(tokens, feats, valid, 2), again.forward_ttt(tokens, feats, valid, 2), strict=True
+        ):
+            assert torch.equal(a, b)
+
+
+def test_init_step0_is_the_targets_early_exit_at_the_last_aux_layer(target, seqs) -> None:
+    head = make_head(target, seqs, draft_vocab=VOCAB)  # full vocabulary: step 0 == the target's early exit
+    s = seqs[0]
+    with torch.no_grad():
+        o = target(s.tokens[None], output_hidden_states=True)
+        exit_logits = target.lm_head(target.model.norm(o.hidden_states[AUX[-1]]))[0]
+        from speclab.drafters.evaluate import collate
+
+        lg = head.forward_ttt(*[x for i, x in enumerate(collate([s])) if i != 2], 1)[0][0]
+    assert torch.allclose(lg[:-1], exit_logits[:-1][:, head.draft_ids()], atol=2e-2)
+
+
+# --- training and replay --------------------------------------------------------------------------------
+
+
+def test_training_lowers_the_loss_and_is_deterministic(target, seqs) -> None:
+    recipe = EagleRecipe(epochs=6, batch_size=4, evals=2, lr=3e-3, seed=3)
+    heads = []
+    for _ in range(2):
+        head = make_head(target, seqs, seed=recipe.seed)
+        before = float(ttt_loss(head, seqs[:8], 3, 0.8).detach())
+        stats = train_head(head, seqs[:8], seqs[8:], recipe, log=lambda m: None)
+        after = float(ttt_loss(head, seqs[:8], 3, 0.8).detach())
+        assert after < before
+        assert stats["steps"] == 12 and len(stats["curve"]) == 3 and stats["curve"][0]["train_tokens"] == 0
+        heads.append(head.state_dict())
+    for name in heads[0]:
+        assert torch.equal(heads[0][name], heads[1][name]), name
+
+
+def test_step_replay_counts_steps_like_vllm() -> None:
+    acc = torch.tensor([0, 0, 0, 3, 0, 0, 1, 0, 2, 0, 0])
+    # prompt of 3 (out_start 3): contexts 4 -> uses acc[2]=0 (commit 1), 5 -> acc[3]=3 (commit 4), 9 -> acc[7]=0,
+    # 10 -> acc[8]=2 but only 1 token left -> 1
+    assert step_replay(acc, 3, 11, 3) == [0, 3, 0, 1]
+
+
+def test_replay_metrics_agree_with_chain_accepts(target, seqs) -> None:
+    head = make_head(target, seqs)
+    m = replay_metrics(head, seqs, 3)
+    accs = chain_accepts(head, seqs, 3)
+    steps = [
+        a for s, acc in zip(seqs, accs, strict=True) for a in step_replay(acc, s.out_start, len(s.tokens), 3)
+    ]
+    assert m["all"]["steps"] == len(steps) == m["v"]["steps"] + m["w"]["steps"]
+    assert m["all"]["tokens_per_step"] == pytest.approx(sum(a + 1 for a in steps) / len(steps), abs=1e-4)
+    assert m["all"]["first_acceptance"] == pytest.approx(sum(a >= 1 for a in steps) / len(steps), abs=1e-4)
+
+
+def test_cli_rejects_bad_options(capsys) -> None:
+    from speclab.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["drafters", "train", "eagle", "--prompts-scale", "0"])
+    assert exc.value.code == 2
+    assert "speclab: error: --prompts-scale must be > 0" in capsys.readouterr().err
+
+
+def test_train_eagle_saves_a_manifest_and_reuses_the_cache(target, seqs, tmp_path, monkeypatch) -> None:
+    import speclab.drafters.train as tr
+    from speclab.workloads.base import Prompt
+
+    tdir = tmp_path / "target"
+    tdir.mkdir()
+    (tdir / "config.json").write_text(json.dumps(target.config.to_dict()))
+    calls = []
+
+    def fake_build(model, tok, prompts, aux, max_new, max_prompt, batch_size=8, log=None):
+        calls.append(len(prompts))
+        return [
+            Sequence(p.id, p.workload, s.tokens, s.feats, s.labels, s.out_start)
+            for p, s in zip(prompts, seqs, strict=False)
+        ]
+
+    def prompts(n: int, tag: str) -> list:
+        return [Prompt(f"{tag}{i}", "w", "chat", [{"role": "user", "content": str(i)}]) for i in range(n)]
+
+    monkeypatch.setattr(tr, "load_target", lambda name: (target, None, tdir))
+    monkeypatch.setattr(tr, "training_prompts", lambda w, seed: prompts(8, "t"))
+    monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed: prompts(4, "e"))
+    monkeypatch.setattr(tr, "build_sequences", fake_build)
+    recipe = EagleRecipe(target="tiny", draft_vocab=30, epochs=2, batch_size=4, evals=1, aux_layers=AUX)
+    out = tr.train_eagle(recipe, cache_dir=str(tmp_path / "cache"))
+    m = json.loads((out / "speclab-manifest.json").read_text())
+    assert out.parent == tmp_path / "cache" / "tiny" and tr.is_trained(out)
+    assert set(m["files"]) == {"config.json", "model.safetensors"}
+    assert m["data"]["train_prompts"] == 8 and m["training"]["steps"] == 4 and m["final"]["all"]["steps"] > 0
+    assert calls == [8, 4]
+    again = tr.train_eagle(EagleRecipe(**{**recipe.__dict__}), cache_dir=str(tmp_path / "cache"))
+    assert again == out and calls == [8, 4]  # cached: neither data nor training ran again
+    from click.testing import CliRunner
+
+    from speclab.cli import cli
+
+    shown = CliRunner().invoke(cli, ["drafters", "show", str(out)])
+    assert shown.exit_code == 0 and "first-position acceptance" in shown.output
+    assert "(4/4 steps, 2 epochs planned)" in shown.output
+    (out / "model.safetensors").write_bytes(b"corrupt")
+    assert not tr.is_trained(out)
