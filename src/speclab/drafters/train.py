@@ -15,7 +15,6 @@ that, when it triggers, is recorded in the manifest (the result then depends on 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import math
@@ -31,7 +30,7 @@ from typing import Any
 
 import torch
 
-from speclab.atomic import atomic_path
+from speclab.atomic import atomic_path, exclusive_lock
 from speclab.drafters.data import Sequence, build_sequences, eval_prompts, training_prompts
 from speclab.drafters.eagle3 import Eagle3Head, head_config
 from speclab.drafters.evaluate import collate, replay_metrics
@@ -255,8 +254,8 @@ def train_eagle(
     root = drafters_dir(recipe.target, cache_dir)
     out = root / f"eagle3-{key}"
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".eagle3-{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one training per recipe at a time; a waiter then finds it cached
+    # one training per recipe at a time; a waiter then finds it cached
+    with exclusive_lock(root / f".eagle3-{key}.lock"):
         if not force and is_trained(out):
             say(f"eagle3 head for {recipe.target}: up to date at {out}")
             return out
