@@ -10,6 +10,10 @@ Layout of a run directory RUN/:
 Crash safety: the worker appends one line per finished cell and the runner turns each line into a results row
 as soon as it appears, so killing the runner, the worker or both loses at most the cell in flight; on the next
 run, lines that a worker wrote but the runner never saw are picked up first (nothing is run twice).
+
+Size: about 450 lines; it is one state machine (attempts, ingest, timeouts, resume, the serial and the
+interleaved-repeats paths share it). Progress, attempts, launch and repeat bookkeeping already live in
+bench/progress.py, bench/attempts.py, engine/launch.py and bench/interleave.py.
 """
 
 from __future__ import annotations

@@ -44,6 +44,9 @@ with `path` is the user's own prompts file or request log (docs/workloads.md):
     path = "traffic.jsonl"           # relative to the current directory
     format = "auto"                  # or "prompts", "chat", "request-log"
     category = "chat"                # optional (default: the category every line gives, else "other")
+
+Size: about 470 lines; it is the sweep file's whole schema and its checks in one place, so that a bad sweep
+is refused in one pass before anything starts (file workloads' tables are parsed in workloads/file_workloads.py).
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ Method options (`EngineSpec.options`), passed on to vLLM's speculative_config:
   to the worker as SPECLAB_PROPOSER_OPTIONS for speclab.methods.vllm_custom's adapters, not sent to vLLM)
 Any other key is passed through to speculative_config unchanged. `EngineSpec.llm_kwargs` is passed to
 `vllm.LLM(...)` unchanged (e.g. tensor_parallel_size, gpu_memory_utilization on a GPU).
+
+Size: over 400 lines because it is declarations (the job and result dataclasses, each with its JSON round
+trip and checks), one per part of the protocol; splitting them would scatter one file format over modules.
 """
 
 from __future__ import annotations
