@@ -66,6 +66,7 @@ def run_steps_coupled(
             m_occ = np.full(len(running), len(running) + len(new), dtype=np.int64)
             kv = np.full(len(running), int((ta.prompt_len[i] + p - 1 + extra).sum()), dtype=np.int64)
             view, fi = make_view(ta, policy, running, i, p, n_steps[running], m_occ, kv)
+            view.one_batch = True
             meth, k = policy.decide(view)
             meth = np.asarray(meth, dtype=np.int64)
             k = np.asarray(k, dtype=np.int64)

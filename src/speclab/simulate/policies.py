@@ -61,6 +61,9 @@ class StepView:
         self._nprop = nprop
         self._acc = acc
         self._past = past or {}
+        # True when the view's requests are one engine step's batch (coupled loop, reference loop); False
+        # when each request stands for its own batch (fast.run_steps: replicate batching or B = 1)
+        self.one_batch = False
 
     def __len__(self) -> int:
         return len(self.req)

@@ -1,6 +1,6 @@
 """`adaptive-learned`: the learned family. The model-free proposer's acceptance comes from a small logistic
 model over observable features (hindsight run length, the window's match and offer rates, the current
-offer), trained on OTHER workloads' traces; the rest is the rule (base.AdaptiveBase, goodput.best_choice).
+offer), trained on OTHER workloads' traces; the rest is the rule (base.AdaptiveBase, goodput.batch_choice).
 
 Two models, each logistic in the same features: the first draft's acceptance, P(acc >= 2), and the
 per-draft continuation after it (a geometric tail, fitted on each position's accepted run as successes and
@@ -11,15 +11,19 @@ trains it on every set but the one it is evaluated on (leave one set out)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 
 from speclab.simulate.adaptive.base import HINDSIGHT, RATE_WINDOW, AdaptiveBase, match_rate
-from speclab.simulate.adaptive.goodput import best_choice, geometric, run_length
+from speclab.simulate.adaptive.goodput import batch_choice, geometric, run_length
 from speclab.simulate.fast import prepare
 from speclab.simulate.policies import StepOutcome, StepView
 from speclab.traces.model import RequestTrace
 
 _DEFAULT: dict[str, np.ndarray] | None = None
+_OVERRIDE: dict[str, np.ndarray] | None = None
 
 
 def features(hind: np.ndarray, offers: np.ndarray | None, now: np.ndarray | None) -> np.ndarray:
@@ -71,8 +75,22 @@ def train(traces: list[RequestTrace], method: str = "ngram") -> dict[str, np.nda
     return {"first": first, "cont": cont}
 
 
+@contextmanager
+def trained_on(traces: list[RequestTrace]) -> Iterator[dict[str, np.ndarray]]:
+    """Within the block, `adaptive-learned` uses a model trained on `traces` (the evaluation's leave one
+    set out) instead of the default one."""
+    global _OVERRIDE
+    old, _OVERRIDE = _OVERRIDE, train(traces)
+    try:
+        yield _OVERRIDE
+    finally:
+        _OVERRIDE = old
+
+
 def default_weights() -> dict[str, np.ndarray]:
     global _DEFAULT
+    if _OVERRIDE is not None:
+        return _OVERRIDE
     if _DEFAULT is None:
         from speclab.simulate.adaptive.synth import SHAPES, make_set
 
@@ -101,10 +119,10 @@ class AdaptiveLearned(AdaptiveBase):
                 surv.append(s)
             else:
                 surv.append(self.survival(view, j))
-        meth, k, _ = best_choice(
-            self.cm, self.methods, surv, self.kmax, view.occupancy, view.batch_kv, self.probes
+        group = np.zeros(len(view), np.int64) if view.one_batch else np.arange(len(view))
+        return batch_choice(
+            self.cm, self.methods, surv, self.kmax, view.occupancy, view.batch_kv, self.probes, group
         )
-        return meth, k
 
     def observe(self, outcome: StepOutcome) -> None:
         self.learn(outcome.req, outcome.method, outcome.k, outcome.accepted)
