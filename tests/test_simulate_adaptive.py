@@ -189,3 +189,21 @@ def test_learned_predictor_uses_the_copy_signal():
     hind_none = np.zeros((1, 16), dtype=np.int64)
     p = [1 / (1 + np.exp(-(features(h, None, None) @ w["first"])))[0] for h in (hind_copy, hind_none)]
     assert p[0] > 0.8 > 0.3 > p[1]
+
+
+def test_cli_recommend_prints_a_speculative_config(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from speclab.cli.simulate import command
+    from speclab.traces import write_store
+
+    write_store(tmp_path / "t", make_set("synth-code-copy", n=30))
+    out = CliRunner().invoke(command, ["--traces", str(tmp_path / "t"), "--cost-model",
+                                       "llama3.1-8b-h100-chained", "--recommend", "--batch-sizes", "1,64"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    cfg = json.loads(out.output.splitlines()[-1])
+    assert cfg["method"] == "ngram" and cfg["num_speculative_tokens_per_batch_size"][0][0] == 1
+    lst = CliRunner().invoke(command, ["--list-policies"]).output.split()
+    assert {"adaptive", "adaptive-bandit", "adaptive-learned", "schedule"} <= set(lst)
