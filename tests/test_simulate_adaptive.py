@@ -207,3 +207,26 @@ def test_cli_recommend_prints_a_speculative_config(tmp_path):
     assert cfg["method"] == "ngram" and cfg["num_speculative_tokens_per_batch_size"][0][0] == 1
     lst = CliRunner().invoke(command, ["--list-policies"]).output.split()
     assert {"adaptive", "adaptive-bandit", "adaptive-learned", "schedule"} <= set(lst)
+
+
+def test_evaluation_tables_plot_and_report_section(tmp_path):
+    from speclab.report.sections import ReportData, adaptive
+    from speclab.simulate.adaptive.evaluate import run
+
+    sets = {"a": make_set("synth-code-copy", n=15), "b": make_set("synth-chat", n=15, offers=False)}
+    res = run(sets, "llama3.1-8b-h100-chained", [1, 8], tmp_path)
+    for f in ("adaptive_eval.json", "adaptive_eval.csv", "adaptive_eval.md", "adaptive_eval.png"):
+        assert (tmp_path / f).stat().st_size > 0
+    s = {x["set"]: x for x in res["summary"]}
+    assert s["a"]["learned_trained_on_other_sets"]
+    roles = {r["role"] for r in res["rows"]}
+    assert roles == {"baseline", "best static", "oracle", "other", "vllm schedule", "online"}
+    comb = next(r for r in res["rows"] if r["set"] == "a" and r["batch_size"] == 1
+                and r["policy"].startswith("oracle-combine"))  # fmt: skip
+    ad = next(
+        r for r in res["rows"] if r["set"] == "a" and r["batch_size"] == 1 and r["policy"] == "adaptive"
+    )
+    assert 1.0 < ad["speedup"] <= comb["speedup"]
+    d = ReportData(rows=None, run_path=None, traces=None, analysis={"adaptive": res}, recs=[], figs={})
+    html = "".join(adaptive(d))
+    assert "best static" in html and "adaptive-learned" in html and "num_speculative_tokens" in html
