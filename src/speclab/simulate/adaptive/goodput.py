@@ -1,14 +1,12 @@
-"""Expected goodput of one speculation choice under a cost model and the live batch (shared by the adaptive
+"""Expected goodput of speculation choices under a cost model and the live batch (shared by the adaptive
 policies).
 
 For a running request, a choice is (method m, k drafts) or off. With S_m(j) the estimated probability that
 at least j of m's drafts are accepted, the step produces E = 1 + sum_{j<=k} S_m(j) tokens in expectation.
-Its time is estimated as if every sequence in the live batch (StepView.occupancy, copies included) chose
-the same, with the batch's KV (StepView.batch_kv): the target verifies occupancy * (k + 1) tokens, the
-proposer costs what the cost model charges for that many drafts, plus the per-step overhead and the probes
-the policy runs anyway. The choice maximising E / T (tokens per second of this request's share) wins; off
-(E = 1) wins wherever speculation would cost more than it returns, which is how SD switches itself off at
-large batch or low acceptance.
+`batch_choice` picks every request's choice so that its batch's expected tokens over the step's estimated
+time (target verify at the batch's KV and tokens, drafting as the cost model charges it, per-step overhead,
+the probes the policy runs anyway) is highest. Off (E = 1) wins wherever speculation would cost more than
+it returns, which is how SD shrinks or switches itself off at large batch or low acceptance.
 """
 
 from __future__ import annotations
@@ -35,39 +33,6 @@ def step_time(
     if d.form == "linear":
         return t + np.where(k > 0, d.kv * kv + d.num_spec * k + d.const, 0.0)
     return t + k * (d.kv * kv + d.const) + d.num_spec * occ * k  # chained
-
-
-def best_choice(
-    cm: CostModel,
-    methods: tuple[str, ...],
-    surv: list[np.ndarray | None],
-    kmax: list[int],
-    occ: np.ndarray,
-    kv: np.ndarray,
-    probes: tuple[str, ...],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per request the (method index, k) with the highest expected goodput E / T; -1, 0 = off.
-    surv[j]: (n, kmax[j]) survival estimates for methods[j] (None = method unavailable now).
-    Returns (method, k, best goodput)."""
-    n = len(occ)
-    occ_f = occ.astype(np.float64)[:, None]
-    kv_f = kv.astype(np.float64)[:, None]
-    best = 1.0 / step_time(cm, None, np.zeros((n, 1)), occ_f, kv_f, probes)[:, 0]
-    meth = np.full(n, -1, dtype=np.int64)
-    kbest = np.zeros(n, dtype=np.int64)
-    for j, m in enumerate(methods):
-        if surv[j] is None or kmax[j] < 1:
-            continue
-        ks = np.arange(1, kmax[j] + 1, dtype=np.float64)[None, :]
-        e = 1.0 + np.cumsum(surv[j][:, : kmax[j]], axis=1)
-        g = e / step_time(cm, m, ks, occ_f, kv_f, probes)
-        i = g.argmax(axis=1)
-        gi = g[np.arange(n), i]
-        better = gi > best
-        best = np.where(better, gi, best)
-        meth = np.where(better, j, meth)
-        kbest = np.where(better, i + 1, kbest)
-    return meth, kbest, best
 
 
 def run_length(hind: np.ndarray) -> np.ndarray:
