@@ -195,6 +195,14 @@ def _continuous_cols(r, measure: str) -> str:
     help="Speedup plot; the format from the suffix: .png, .svg or .pdf.",
 )
 @click.option("--list-policies", is_flag=True, help="Print the registered policy names, one per line.")
+@click.option(
+    "--recommend",
+    is_flag=True,
+    help="Derive vLLM's batch-size schedule for k (num_speculative_tokens_per_batch_size) from these traces "
+    "per method over --batch-sizes (continuous batching) and print the best as a ready-to-paste "
+    "speculative config (docs/adaptive.md).",
+)
+@click.option("--recommend-kmax", type=click.IntRange(min=1), default=8, show_default=True, hidden=True)
 def command(
     stores: tuple[str, ...],
     workloads: tuple[str, ...],
@@ -217,6 +225,8 @@ def command(
     csv_path: str | None,
     plot_path: str | None,
     list_policies: bool,
+    recommend: bool,
+    recommend_kmax: int,
 ) -> None:
     """Simulate SD throughput from traces and a cost model.
 
@@ -232,7 +242,7 @@ def command(
         return
     if not stores:
         raise ConfigError("--traces STORE is required")
-    if not policies:
+    if not policies and not recommend:
         raise ConfigError("give at least one --policy (see --list-policies)")
     sizes = _parse_sizes(batch_sizes)
     heuristic = _heuristic(ngram_miss_heuristic)
@@ -248,6 +258,10 @@ def command(
         traces = [r for r in traces if r.workload in workloads]
         if not traces:
             raise ConfigError(f"no requests of workload(s) {', '.join(workloads)} in {', '.join(stores)}")
+    if recommend:
+        _recommend(traces, cost_model, _parse_sizes(batch_sizes), recommend_kmax, as_json)
+        if not policies:
+            return
     results = simulate(
         traces,
         cost_model,
@@ -299,3 +313,22 @@ def command(
             f"{100 * r.time_split_s['overhead'] / tot:>4.1f}% {r.tokens_rejected:>10}"
             + (_continuous_cols(r, continuous_measure) if cont else "")
         )
+
+
+def _recommend(traces: list, cost_model: str, sizes: list[int], kmax: int, as_json: bool) -> None:
+    from speclab.simulate.adaptive import recommend
+
+    rec = recommend(traces, cost_model, sizes, kmax)
+    if as_json:
+        click.echo(json.dumps(rec, indent=2))
+        return
+    click.echo(f"recommended: {rec['method']} with vLLM's batch-size schedule ({rec['policy']})")
+    click.echo("simulated speedup (continuous batching, steady state): " + ", ".join(
+        f"B={b} {v:.2f}x" for b, v in rec["speedup"].items()))  # fmt: skip
+    for m, o in rec["others"].items():
+        if m != rec["method"]:
+            click.echo(f"  other: {o['policy']} (mean speedup {o['mean_speedup']:.2f}x)")
+    click.echo("speculative config (vLLM >= 0.32; k = 0 switches SD off at that batch size):")
+    click.echo(json.dumps(rec["speculative_config"]))
+    if rec["method"] not in ("ngram", "suffix"):
+        click.echo(f'(add the drafter: "model": the {rec["method"]} model path, as in your current config)')

@@ -68,7 +68,27 @@ def build_report(
     analysis = analysis or {}
     gap = analysis.get("oracle_gap") or {}
     acc = analysis.get("acceptance") or []
+    adaptive_dir = run_path / "adaptive" if run_path else None  # python -m speclab.simulate.adaptive.evaluate
+    if (
+        adaptive_dir is not None
+        and "adaptive" not in analysis
+        and (adaptive_dir / "adaptive_eval.json").is_file()
+    ):
+        try:
+            analysis["adaptive"] = json.loads((adaptive_dir / "adaptive_eval.json").read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise SpeclabError(f"{adaptive_dir / 'adaptive_eval.json'}: cannot read: {exc}") from None
+    plot = adaptive_dir / "adaptive_eval.png" if adaptive_dir else None
     figs = {
+        "adaptive_eval": F.Figure(
+            "adaptive_eval.png",
+            "Adaptive speculation",
+            "Simulated speedup against batch size per trace set: no SD, the best static (method, k), the "
+            "oracles, vLLM's derived batch-size schedule and the online policies.",
+            plot.read_bytes(),
+        )
+        if plot is not None and plot.is_file()
+        else None,
         "speedup": F.speedup_vs_batch(rows, gap),
         "time": F.time_split(rows),
         "memory": F.memory(rows),

@@ -49,7 +49,7 @@ class ReportData:
 NAV = (
     '<nav><a href="#summary">Summary</a><a href="#speedup">Speedup</a><a href="#recommend">Recommendations</a>'
     '<a href="#time">Time split</a><a href="#memory">Memory</a><a href="#acceptance">Acceptance</a>'
-    '<a href="#overlap">Overlap</a><a href="#oracle">Oracle gap</a><a href="#validation">Validation</a>'
+    '<a href="#overlap">Overlap</a><a href="#oracle">Oracle gap</a><a href="#adaptive">Adaptive</a><a href="#validation">Validation</a>'
     '<a href="#inputs">Inputs</a></nav>'
 )
 
@@ -425,5 +425,43 @@ def inputs(d: ReportData) -> list[str]:
     return h
 
 
+def adaptive(d: ReportData) -> list[str]:
+    """Adaptive speculation (issue 12): per trace set, simulated speedup by batch size for no SD, the best
+    static (method, k), the oracles, vLLM's derived batch-size schedule and the online policies; reads
+    analysis["adaptive"] = speclab.simulate.adaptive.evaluate.run()'s result and figs["adaptive_eval"]."""
+    h = ['<h2 id="adaptive">Adaptive speculation (simulated)</h2>']
+    ev = d.analysis.get("adaptive") or {}
+    if not ev.get("rows"):
+        return h + [missing("No adaptive evaluation (python -m speclab.simulate.adaptive.evaluate).")]
+    h.append(f"<p>Cost model {esc(ev.get('cost_model'))}; {esc(ev.get('batching'))}. Learned predictor: trained "
+             "on the other sets (held out).</p>")  # fmt: skip
+    for s in ev.get("summary", []):
+        rs = [r for r in ev["rows"] if r["set"] == s["set"]]
+        sizes = sorted({r["batch_size"] for r in rs})
+        body = []
+        for pol in dict.fromkeys(r["policy"] if r["role"] != "best static" else "best static" for r in rs):
+            sel = [r for r in rs if (r["role"] == "best static") == (pol == "best static")
+                   and (pol == "best static" or r["policy"] == pol)]  # fmt: skip
+            sp = {r["batch_size"]: r for r in sel}
+            cells = [f"{sp[b]['speedup']:.2f}x" + (f" ({sp[b]['policy']})" if pol == "best static" else "")
+                     if b in sp else "-" for b in sizes]  # fmt: skip
+            body.append(["no SD" if pol == "none" else pol, *cells])
+        h.append(f"<h3>{esc(s['set'])}</h3>")
+        h.append(table(["policy", *[f"B={b}" for b in sizes]], body))
+        h.append(f"<p>vLLM schedule: <code>{esc(json.dumps(s.get('vllm_config')))}</code></p>")
+    return h + [figure_or_missing(d.figs.get("adaptive_eval"), "No adaptive evaluation plot.")]
+
+
 # The report's sections in page order (the nav bar above links to their ids).
-SECTIONS = (summary, speedup, recommend, time_and_memory, acceptance, overlap, oracle, validation, inputs)
+SECTIONS = (
+    summary,
+    speedup,
+    recommend,
+    time_and_memory,
+    acceptance,
+    overlap,
+    oracle,
+    adaptive,
+    validation,
+    inputs,
+)

@@ -1,5 +1,7 @@
 """Trace-driven speculative-decoding simulator (see docs/simulator.md)."""
 
+# registers the adaptive policies (issue 12) by name
+from speclab.simulate import adaptive as _adaptive  # noqa: E402,F401
 from speclab.simulate.api import AGGREGATES, SimResult, simulate
 from speclab.simulate.fast import BATCHING_MODES
 from speclab.simulate.policies import (

@@ -199,6 +199,12 @@ def simulate(
     cm = get_cost_model(cost_model)
     pols, rules, notes = check_args(policies, batching, batch_sizes, aggregate, opts)
     study = rules == "study"
+    from speclab.simulate.adaptive import bind_methods
+
+    bind_methods(pols, traces, cm)  # bare adaptive policies: every method the traces hold
+    for p in pols:
+        p.cost_model = cm
+        fast.check_probes(p, cm)
     all_methods = tuple(sorted({m for p in pols for m in p.methods}))
     notes += _length_notes(traces, set(all_methods))
     groups: dict[tuple[str, ...], list[Policy]] = {}
@@ -297,9 +303,18 @@ def _run_group(
         else:
 
             def timing(p: Policy, b: int = b, passes: int = 1) -> fast.Timing:
+                if p.uses_occupancy and batching != "replicate" and b > 1:  # decisions read the live batch
+                    from speclab.simulate.coupled import run_steps_coupled
+
+                    tx, sx = run_steps_coupled(ta, p, batching, b, on, study, passes)
+                    d = draws_for(p)
+                    d = None if d is None else np.tile(d, passes)
+                    return fast.step_costs(sx, p, tx, cm, batching, b, d, switch, dkv, study)
                 if passes == 1 and (p.spec not in tables or p.uses_batch_size):
                     tables[p.spec] = (
-                        fast.baseline_steps(ta) if p.spec == "none" else fast.run_steps(ta, p, b, on)
+                        fast.baseline_steps(ta)
+                        if p.spec == "none"
+                        else fast.run_steps(ta, p, b, on, batching, study)
                     )
                 d = draws_for(p) if p.spec != "none" else None
                 tx, sx = fast.repeat_requests(ta, tables[p.spec], passes)

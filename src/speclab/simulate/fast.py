@@ -178,7 +178,40 @@ def heuristic_flags(
     return (meth == j) & (a == 1) & (k > 0)
 
 
-def run_steps(ta: TraceArrays, policy: Policy, batch_size: int, heuristic: bool) -> StepTable:
+def make_view(
+    ta: TraceArrays, policy: Policy, req: np.ndarray, i: np.ndarray, p: np.ndarray, steps: np.ndarray,
+    occ: np.ndarray | None = None, kv: np.ndarray | None = None,
+) -> tuple[StepView, np.ndarray]:  # fmt: skip
+    """The StepView of running requests `req` (trace indices i) at positions p; returns (view, flat index)."""
+    fi = ta.off[i] + p
+    nprop = {m: (None if ta.nprop[m] is None else ta.nprop[m][fi]) for m in policy.methods}
+    oracle = {m: ta.acc[m][fi] for m in policy.methods} if policy.oracle else None
+    past = {m: (ta.acc[m], fi, ta.nprop[m]) for m in policy.probes}
+    if not policy.uses_occupancy:
+        occ = kv = None
+    return StepView(req, p, steps, nprop, oracle, occ, kv, past), fi
+
+
+def check_probes(policy: Policy, cm: CostModel | None = None) -> None:
+    for m in policy.probes:
+        if m not in policy.methods:
+            raise ConfigError(f"policy {policy.spec}: probe {m!r} is not one of its methods")
+        if cm is not None and cm.draft_for(m).form != "verify_fraction":
+            raise ConfigError(
+                f"policy {policy.spec}: only model-free (verify_fraction) methods can be probes"
+            )
+
+
+def run_steps(
+    ta: TraceArrays, policy: Policy, batch_size: int, heuristic: bool, batching: str = "", study: bool = False
+) -> StepTable:
+    """Every request's steps, each request on its own. A policy that reads the live batch (uses_occupancy)
+    can run this way only where its batch is itself: replicate batching (its B copies) or B = 1."""
+    coupled = policy.uses_occupancy and batching != "replicate" and batch_size > 1
+    if coupled:
+        raise ConfigError(f"policy {policy.spec}: reads the live batch; use run_steps_coupled")
+    check_probes(policy)
+    c = batch_size if batching == "replicate" else 1
     policy.begin(PolicyContext(num_requests=ta.n, batch_size=batch_size, k_max=dict(ta.k_max)))
     n = ta.n
     pos = np.ones(n, dtype=np.int64)
@@ -191,10 +224,9 @@ def run_steps(ta: TraceArrays, policy: Policy, batch_size: int, heuristic: bool)
     }
     while active.size:
         p = pos[active]
-        fi = ta.off[active] + p
-        nprop = {m: (None if ta.nprop[m] is None else ta.nprop[m][fi]) for m in policy.methods}
-        oracle = {m: ta.acc[m][fi] for m in policy.methods} if policy.oracle else None
-        view = StepView(active, p, n_steps[active], nprop, oracle)
+        occ = np.full(len(active), c, dtype=np.int64)
+        kv = c * (ta.prompt_len[active] + p - 1 + (1 if study else 0))
+        view, fi = make_view(ta, policy, active, active, p, n_steps[active], occ, kv)
         meth, k = policy.decide(view)
         meth = np.asarray(meth, dtype=np.int64)
         k = np.asarray(k, dtype=np.int64)
@@ -379,12 +411,14 @@ def step_costs(
         draft = np.bincount(keys, weights=study_draft(st, policy, ta, cm, c, mc, verify[keys]), minlength=G)
     elif policy.methods:
         charge = np.array([policy.charge_as or m for m in policy.methods])
-        for name in sorted(set(charge.tolist())):
+        for name in sorted(set(charge.tolist()) | set(policy.probes)):
             cost = cm.draft_for(name)
             sel = np.isin(st.meth, np.flatnonzero(charge == name))
             ks, sm = keys[sel], spec_max[sel]
             if cost.form == "verify_fraction":
                 anyd = np.bincount(ks[sm > 0], minlength=G) > 0
+                if name in policy.probes:  # the lookup runs at every step of every running request
+                    anyd |= np.bincount(keys, minlength=G) > 0
                 draft += np.where(anyd, cost.fraction * verify, 0.0)
                 continue
             mx = np.zeros(G, dtype=np.int64)
@@ -448,17 +482,20 @@ def steady_passes(out_len: np.ndarray, batch_size: int) -> tuple[int, bool]:
     return min(passes, cap), passes > cap
 
 
-def repeat_requests(ta: TraceArrays, st: StepTable, passes: int) -> tuple[TraceArrays, StepTable]:
+def repeat_requests(ta: TraceArrays, st: StepTable | None, passes: int) -> tuple[TraceArrays, StepTable]:
     """The request list admitted `passes` times over (instance q is request q mod n): a request's steps do
-    not depend on its batch mates, so each instance repeats its request's step rows."""
+    not depend on its batch mates, so each instance repeats its request's step rows (st None: only the
+    trace arrays, for coupled.run_steps_coupled)."""
     if passes == 1:
-        return ta, st
+        return ta, st  # type: ignore[return-value]
     n = ta.n
     out_len = np.tile(ta.out_len, passes)
     off = np.zeros(len(out_len) + 1, dtype=np.int64)
     np.cumsum(out_len, out=off[1:])
     tx = replace(ta, ids=ta.ids * passes, workloads=ta.workloads * passes,
                  prompt_len=np.tile(ta.prompt_len, passes), out_len=out_len, off=off)  # fmt: skip
+    if st is None:
+        return tx, st  # type: ignore[return-value]
     rep = np.repeat(np.arange(passes), len(st.req)) * n
     sx = StepTable(
         req=np.tile(st.req, passes) + rep,
@@ -499,4 +536,8 @@ def study_draft(
             out[sel] = (
                 st.k[sel] * (cost.kv * c * kv_req[sel] + cost.const) + cost.num_spec * st.k[sel] * mc[sel]
             )
+    if policy.probes:  # every copy runs the probes' lookups, the chosen one's included (charged in full)
+        same = np.isin(st.meth, [j for j, ch in enumerate(charge) if ch in policy.probes])
+        f = sum(cm.draft_for(name).fraction for name in policy.probes) * verify
+        out = np.where(same, f, out + f)
     return out

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -46,12 +47,23 @@ class StepView:
         step: np.ndarray,
         nprop: dict[str, np.ndarray | None],
         acc: dict[str, np.ndarray] | None,
+        occupancy: np.ndarray | None = None,
+        batch_kv: np.ndarray | None = None,
+        past: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] | None = None,
     ) -> None:
         self.req = req  # request indices
         self.pos = pos  # current output position of each (the first token this step would produce)
         self.step = step  # how many SD steps each request has done so far
+        # live batch, for policies with uses_occupancy (else None): sequences in this engine step (copies
+        # and requests being prefilled included) and the batch's KV tokens before the step
+        self.occupancy = occupancy
+        self.batch_kv = batch_kv
         self._nprop = nprop
         self._acc = acc
+        self._past = past or {}
+        # True when the view's requests are one engine step's batch (coupled loop, reference loop); False
+        # when each request stands for its own batch (fast.run_steps: replicate batching or B = 1)
+        self.one_batch = False
 
     def __len__(self) -> int:
         return len(self.req)
@@ -60,6 +72,31 @@ class StepView:
         """Draft tokens the proposer can offer at the current position (recorded traces), else None.
         Observable: an engine knows this before verifying."""
         return self._nprop.get(method)
+
+    def hindsight(self, method: str, depth: int) -> np.ndarray:
+        """For a probed (model-free) method: at each of the last `depth` positions q = pos - d (d = 1..depth),
+        how many of the drafts it would have offered there match the output known now, censored at the d
+        tokens known since q: min(acc_len[q] - 1, d); -1 where q < 0. Observable: the proposer is run on the
+        known output (that is what `Policy.probes` pays for); nothing at or after pos is read."""
+        if method not in self._past:
+            raise PermissionError(f"hindsight on {method!r} needs it in the policy's probes")
+        flat, fi = self._past[method][:2]
+        d = np.arange(1, depth + 1)
+        q = self.pos[:, None] - d[None, :]
+        vals = flat[np.maximum(fi[:, None] - d[None, :], 0)] - 1
+        return np.where(q >= 0, np.minimum(vals, d[None, :]), -1)
+
+    def past_offers(self, method: str, depth: int) -> np.ndarray | None:
+        """For a probed method with recorded proposal counts: num_proposed at the last `depth` positions
+        (-1 where q < 0), else None."""
+        if method not in self._past:
+            raise PermissionError(f"past offers of {method!r} need it in the policy's probes")
+        npr, fi = self._past[method][2], self._past[method][1]
+        if npr is None:
+            return None
+        d = np.arange(1, depth + 1)
+        q = self.pos[:, None] - d[None, :]
+        return np.where(q >= 0, npr[np.maximum(fi[:, None] - d[None, :], 0)], -1)
 
     def oracle_acc(self, method: str) -> np.ndarray:
         """acc_len at the current position: the FUTURE. Only oracle policies get it."""
@@ -87,6 +124,14 @@ class Policy:
     heuristic_ok: bool = True
     # True if decisions depend on ctx.batch_size (then the step table is recomputed per batch size)
     uses_batch_size: bool = False
+    # True if decisions read the live batch (StepView.occupancy / batch_kv): the fast engine then runs the
+    # requests of a static or continuous batch together (fast.run_steps_coupled)
+    uses_occupancy: bool = False
+    # model-free methods whose proposer runs at every SD step of every running request besides the chosen
+    # one (to read StepView.hindsight); charged as that method's drafting at every such step
+    probes: tuple[str, ...] = ()
+    # the simulation's cost model (set by simulate(); None when a policy is driven directly)
+    cost_model: Any = None
     extra: dict = field(default_factory=dict)
 
     def begin(self, ctx: PolicyContext) -> None:

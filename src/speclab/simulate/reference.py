@@ -82,13 +82,21 @@ def reference_timing(
             qidx = np.array([r.q for r in running], dtype=np.int64)
             pos = np.array([r.pos for r in running], dtype=np.int64)
             fi = ta.off[ridx] + pos if len(running) else np.zeros(0, dtype=np.int64)
+            nrun = len(running)
+            live = policy.uses_occupancy
             view = StepView(
                 qidx,
                 pos,
                 np.array([r.steps for r in running], dtype=np.int64),
                 {m: (None if nprop[m] is None else nprop[m][fi]) for m in policy.methods},
                 {m: ta.acc[m][fi] for m in policy.methods} if policy.oracle else None,
+                np.full(nrun, copies * (nrun + len(new)), dtype=np.int64) if live else None,
+                np.full(nrun, copies * sum(prompt[r.i] + r.pos - 1 + extra for r in running), dtype=np.int64)
+                if live
+                else None,
+                {m: (ta.acc[m], fi, ta.nprop[m]) for m in policy.probes},
             )
+            view.one_batch = True
             meth, k = policy.decide(view)
             meth = np.asarray(meth, dtype=np.int64)
             k = np.asarray(k, dtype=np.int64)
@@ -143,12 +151,15 @@ def reference_timing(
                     for j, r in enumerate(running)
                 )  # fmt: skip
                 per_method = {}
+            if running and not study:  # probes run at every step of every running request
+                for name in policy.probes:
+                    per_method.setdefault(name, []).append((0, 0, 0))
             for name in sorted(per_method):
                 cost = cm.draft_for(name)
                 items = per_method[name]
                 mx = max(it[0] for it in items)
                 if cost.form == "verify_fraction":
-                    draft += cost.fraction * verify if mx > 0 else 0.0
+                    draft += cost.fraction * verify if mx > 0 or name in policy.probes else 0.0
                 elif cost.form == "linear":
                     # per request kv*kv_tokens + num_spec*spec + const; the step pays the max over requests
                     draft += max(
@@ -229,8 +240,19 @@ def _study_copy_drafts(
     the mean over copies (each copy's latency carries its own drafting). kv_req: one copy's KV before the
     step; left: tokens it still has to produce. Copies 0..matched-1 are the ones whose lookup matched (only
     their count matters)."""
+    name = None if m < 0 else policy.charge_as or policy.methods[m]
+    probe = sum(cm.draft_for(p).fraction * verify for p in policy.probes if p != name)
     if m < 0:
-        return 0.0
+        return probe
+    if name in policy.probes:  # every copy ran the lookup: charged in full
+        return cm.draft_for(name).fraction * verify + probe
+    return probe + _copy_drafts(policy, cm, m, k, a, matched, copies, kv_req, left, verify)
+
+
+def _copy_drafts(
+    policy: Policy, cm: CostModel, m: int, k: int, a: int, matched: int, copies: int, kv_req: int, left: int,
+    verify: float,
+) -> float:  # fmt: skip
     cost = cm.draft_for(policy.charge_as or policy.methods[m])
     total = 0.0
     running_kv = copies * kv_req

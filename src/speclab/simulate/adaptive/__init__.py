@@ -1,0 +1,60 @@
+"""Adaptive speculation policies (issue 12): online method choice and proposal length from observable
+signals, the cost model and the live batch; and vLLM's batch-size schedule for k. See docs/adaptive.md.
+Importing this package registers the policies by name."""
+
+from __future__ import annotations
+
+from speclab.simulate.adaptive.bandit import AdaptiveBandit
+from speclab.simulate.adaptive.base import AdaptiveBase, bind_methods, parse_methods_kmax
+from speclab.simulate.adaptive.learned import AdaptiveLearned
+from speclab.simulate.adaptive.rule import AdaptiveRule
+from speclab.simulate.adaptive.schedule import BatchSchedule, derive_schedule, recommend
+from speclab.simulate.policies import Policy, register_policy
+
+
+def _factory(cls: type[AdaptiveBase], name: str):
+    def make(spec: str, args: list[str], opts: dict) -> Policy:
+        ms, extra = parse_methods_kmax(spec, args, name)
+        canon = name + (":" + ",".join(ms) if ms else "") + (f":{extra['kmax']}" if "kmax" in extra else "")
+        p = cls.create(canon, ms, extra)
+        if ms:
+            p.bind(ms, None)
+        return p
+
+    return make
+
+
+SYNTAX = "{}[:M1,M2,...[:KMAX]]"
+register_policy(
+    "adaptive",
+    SYNTAX.format("adaptive"),
+    "online rule: per step the (method, k) with the best expected goodput under the cost model and the live "
+    "batch, acceptance from hindsight lookups (model-free) and the request's own steps (model-based); "
+    "off where SD would lose (default: every method the traces hold, KMAX 20)",
+    _factory(AdaptiveRule, "adaptive"),
+)
+register_policy(
+    "adaptive-bandit",
+    SYNTAX.format("adaptive-bandit"),
+    "online bandit: discounted UCB per request over off and (method, k on a doubling grid), reward = tokens "
+    "per estimated step time",
+    _factory(AdaptiveBandit, "adaptive-bandit"),
+)
+register_policy(
+    "adaptive-learned",
+    SYNTAX.format("adaptive-learned"),
+    "online, learned: as adaptive, with the model-free proposer's acceptance from a small logistic model "
+    "trained on other workloads' traces (default: speclab's synthetic shapes)",
+    _factory(AdaptiveLearned, "adaptive-learned"),
+)
+
+__all__ = [
+    "AdaptiveLearned",
+    "AdaptiveBandit",
+    "AdaptiveBase",
+    "AdaptiveRule",
+    "BatchSchedule",
+    "bind_methods",
+    "derive_schedule",
+    "recommend",
+]

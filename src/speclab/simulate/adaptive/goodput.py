@@ -1,0 +1,136 @@
+"""Expected goodput of speculation choices under a cost model and the live batch (shared by the adaptive
+policies).
+
+For a running request, a choice is (method m, k drafts) or off. With S_m(j) the estimated probability that
+at least j of m's drafts are accepted, the step produces E = 1 + sum_{j<=k} S_m(j) tokens in expectation.
+`batch_choice` picks every request's choice so that its batch's expected tokens over the step's estimated
+time (target verify at the batch's KV and tokens, drafting as the cost model charges it, per-step overhead,
+the probes the policy runs anyway) is highest. Off (E = 1) wins wherever speculation would cost more than
+it returns, which is how SD shrinks or switches itself off at large batch or low acceptance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from speclab.costmodel.model import CostModel
+
+
+def step_time(
+    cm: CostModel, method: str | None, k: np.ndarray, occ: np.ndarray, kv: np.ndarray, probes: tuple[str, ...]
+) -> np.ndarray:
+    """Estimated engine-step time when all `occ` sequences propose k drafts with `method` (None = off).
+    k broadcasts against occ/kv (e.g. occ[:, None] with k[None, :])."""
+    verify = cm.target_time(kv, occ * (k + 1))
+    t = verify + cm.overhead_per_step
+    for p in probes:  # probes run at every step whatever is chosen
+        t = t + cm.draft_for(p).fraction * verify
+    if method is None or method in probes:
+        return t
+    d = cm.draft_for(method)
+    if d.form == "verify_fraction":
+        return t + np.where(k > 0, d.fraction * verify, 0.0)
+    if d.form == "linear":
+        return t + np.where(k > 0, d.kv * kv + d.num_spec * k + d.const, 0.0)
+    return t + k * (d.kv * kv + d.const) + d.num_spec * occ * k  # chained
+
+
+def run_length(hind: np.ndarray) -> np.ndarray:
+    """From StepView.hindsight: how many of the last positions the proposer at that position would have
+    predicted all the way to now (the longest d with min(acc - 1, d) == d, counted contiguously from d = 1).
+    A copy in progress shows as a long run."""
+    d = np.arange(1, hind.shape[1] + 1)[None, :]
+    full = hind == d
+    return np.where(full.all(axis=1), hind.shape[1], full.argmin(axis=1))
+
+
+def geometric(alpha: np.ndarray, kmax: int, first: np.ndarray | None = None) -> np.ndarray:
+    """Survival S(j) = first * alpha^(j-1) for j = 1..kmax (first defaults to alpha)."""
+    j = np.arange(kmax)[None, :]
+    a = np.clip(alpha, 1e-6, 0.999)[:, None]
+    f = a if first is None else np.clip(first, 1e-6, 0.999)[:, None]
+    return f * a**j
+
+
+PASS_GRID = (0, 1, 2, 3, 4, 6, 8, 12, 16, 20)
+
+
+def batch_choice(
+    cm: CostModel,
+    methods: tuple[str, ...],
+    surv: list[np.ndarray | None],
+    kmax: list[int],
+    occ: np.ndarray,
+    kv: np.ndarray,
+    probes: tuple[str, ...],
+    group: np.ndarray,
+    iters: int = 3,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Choices that maximise a whole batch's expected goodput (sum of E over the step time T).
+
+    `group` numbers the batches in the view (one engine step each; a replicated request is its own batch
+    of occupancy copies). A model-based drafter's passes are shared by its batch (the chained form pays
+    the longest chain for all), so per batch the number of passes P is chosen on a grid; given P and a
+    price lam (tokens per second), each request picks off, a model-free k or a model-based k <= P by
+    E - lam * (its own marginal seconds); lam is iterated to the batch's goodput. Each request stands for
+    occupancy / (its batch's running requests) sequences (prefilling ones priced like it)."""
+    n = len(occ)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    ng = int(group.max()) + 1
+    size = np.bincount(group, minlength=ng)
+    w = occ / size[group]  # sequences each request stands for
+    kv_g = np.bincount(group, weights=kv, minlength=ng) / size  # the batch's KV (same for all members)
+    tc = cm.target
+    frac = sum(cm.draft_for(p).fraction for p in probes)
+    tok_s = tc.batched * (1 + frac)  # one verified token, probes scale with verify time
+    base_g = (tc.kv * kv_g + tc.const) * (1 + frac) + cm.overhead_per_step
+    # options per request: (method index, k, expected tokens, own marginal seconds, passes needed)
+    opts = [(np.full(n, -1), np.zeros(n), np.ones(n), w * tok_s, np.zeros(n))]
+    for j, m in enumerate(methods):
+        if surv[j] is None or kmax[j] < 1:
+            continue
+        d = cm.draft_for(m)
+        e = 1.0 + np.cumsum(surv[j][:, : kmax[j]], axis=1)
+        for k in range(1, kmax[j] + 1):
+            sec = w * (k + 1) * tok_s
+            passes = np.zeros(n)
+            if m not in probes:
+                if d.form == "verify_fraction":
+                    sec = sec + w * (k + 1) * tc.batched * d.fraction
+                elif d.form == "chained":
+                    sec = sec + w * d.num_spec * k
+                    passes = np.full(n, float(k))
+                else:  # linear: charged once per step (max over requests): count it as shared
+                    sec = sec + w * d.num_spec * k / np.maximum(size[group], 1)
+                    passes = np.full(n, 1.0)
+            opts.append((np.full(n, j), np.full(n, float(k)), e[:, k - 1], sec, passes))
+    M = np.stack([o[0] for o in opts], 1)
+    K = np.stack([o[1] for o in opts], 1)
+    E = np.stack([o[2] for o in opts], 1)
+    S = np.stack([o[3] for o in opts], 1)
+    Pn = np.stack([o[4] for o in opts], 1)
+    # the shared cost of P passes of the model-based drafter(s)
+    mb = [cm.draft_for(m) for m in methods if m not in probes]
+    per_pass = sum((d.kv * kv_g + d.const) if d.form != "verify_fraction" else 0.0 for d in mb) if mb else 0.0
+    best_g = np.full(ng, -np.inf)
+    best_i = np.zeros(n, dtype=np.int64)
+    lam0 = 1.0 / (base_g + np.bincount(group, weights=w * tok_s, minlength=ng))  # off: 1 token per seq
+    for P in PASS_GRID if mb else (0,):
+        allowed = Pn <= P
+        shared = base_g + (P * per_pass if mb else 0.0)
+        lam = lam0 * np.bincount(group, weights=w, minlength=ng)
+        for _ in range(iters):
+            score = np.where(allowed, w[:, None] * E - lam[group][:, None] * S, -np.inf)
+            i = score.argmax(axis=1)
+            tot_e = np.bincount(group, weights=w * E[np.arange(n), i], minlength=ng)
+            used = np.bincount(group, weights=Pn[np.arange(n), i], minlength=ng) > 0
+            t = np.where(used | (P == 0), shared, base_g) + np.bincount(
+                group, weights=S[np.arange(n), i], minlength=ng
+            )
+            lam = tot_e / t
+        better = lam > best_g
+        best_g = np.where(better, lam, best_g)
+        best_i = np.where(better[group], i, best_i)
+    r = np.arange(n)
+    return M[r, best_i].astype(np.int64), K[r, best_i].astype(np.int64)

@@ -1,0 +1,25 @@
+"""`adaptive`: the rule family. Per step and request, estimate each method's acceptance from what an engine
+can observe -- a model-free proposer from hindsight (its lookups over the output known so far: a copy in
+progress shows as a run of matches), a model-based drafter from its own recent steps on this request -- and
+take the (method, k) with the highest expected goodput under the cost model and the live batch, or no
+speculation where none pays (goodput.batch_choice: the whole batch's goodput, shared drafter passes)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from speclab.simulate.adaptive.base import AdaptiveBase
+from speclab.simulate.adaptive.goodput import batch_choice
+from speclab.simulate.policies import StepOutcome, StepView
+
+
+class AdaptiveRule(AdaptiveBase):
+    def decide(self, view: StepView) -> tuple[np.ndarray, np.ndarray]:
+        surv = [self.survival(view, j) for j in range(len(self.methods))]
+        group = np.zeros(len(view), np.int64) if view.one_batch else np.arange(len(view))
+        return batch_choice(
+            self.cm, self.methods, surv, self.kmax, view.occupancy, view.batch_kv, self.probes, group
+        )
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self.learn(outcome.req, outcome.method, outcome.k, outcome.accepted)
