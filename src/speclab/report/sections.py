@@ -2,6 +2,8 @@
 
 Every section reads the same `ReportData`; a missing input gives a labelled "Missing input" box, not an
 empty plot.
+
+Size: about 470 lines; one short function per report section, in page order (SECTIONS at the end).
 """
 
 from __future__ import annotations

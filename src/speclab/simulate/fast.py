@@ -13,6 +13,10 @@ Two phases, both vectorised with numpy across requests:
    latencies are differences of the cumulative step-time sum.
 
 Memory is O(total trace positions): the step table has at most one row per output position.
+
+Size: about 540 lines; the step table, the schedulers and the timing are the simulator's rules in one place,
+mirrored step for step by reference.py (tests compare the two), so they stay together. Policies that must
+see the live batch run through coupled.py, which reuses the timing here.
 """
 
 from __future__ import annotations
