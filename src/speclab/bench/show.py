@@ -199,8 +199,8 @@ def contention_note(rows: list[dict[str, Any]]) -> str | None:
         seen.append(f"some task waiting for a CPU up to {100 * max(pressures):.0f}% of the time")
     return (
         f"{len(busy)} of {len(rows)} cell(s) ran while other processes competed for the CPUs "
-        f"({'; '.join(seen)}; contended: load above {CONTENDED_LOAD_FACTOR:g}x the CPU count or CPU pressure "
-        f"above {100 * CONTENDED_PRESSURE:.0f}%): their throughputs are noisy and their speedups may be biased; "
+        f"({'; '.join(seen)}; contended: CPU pressure above {100 * CONTENDED_PRESSURE:.0f}%, or where "
+        f"that is not recorded, load above {CONTENDED_LOAD_FACTOR:g}x the CPU count): their throughputs are noisy and their speedups may be biased; "
         "rerun them on a quiet machine"
     )
 
