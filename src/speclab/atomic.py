@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,16 @@ def exclusive_lock(lock_file: str | os.PathLike[str]) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def replace_dir(built: Path, out: Path) -> None:
+    """Put a finished directory `built` (beside `out`) in place of `out`: an existing `out` (stale or corrupt)
+    is moved aside first, then removed, so readers see the old directory or the new one."""
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(built, out)
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from speclab.atomic import atomic_path, exclusive_lock
+from speclab.atomic import atomic_path, exclusive_lock, replace_dir
 from speclab.drafters.data import Sequence, build_sequences, eval_prompts, training_prompts
 from speclab.drafters.eagle3 import Eagle3Head, head_config
 from speclab.drafters.evaluate import collate, replay_metrics
@@ -362,11 +362,7 @@ def _train_locked(
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if out.exists():
-            old = root / f".eagle3-old-{os.getpid()}"
-            os.replace(out, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, out)
+        replace_dir(tmp, out)  # a stale or corrupt one is moved aside, then removed
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

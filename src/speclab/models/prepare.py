@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from speclab.atomic import exclusive_lock
+from speclab.atomic import exclusive_lock, replace_dir
 from speclab.errors import ConfigError, SpeclabError
 from speclab.models.presets import ModelPreset, get_preset, presets
 
@@ -243,11 +243,7 @@ def prepare_model(
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-            if out.exists():  # stale or corrupt: move aside, then swap in the new build
-                old = out.parent / f".{dtype}.old-{os.getpid()}"
-                os.replace(out, old)
-                shutil.rmtree(old, ignore_errors=True)
-            os.replace(tmp, out)
+            replace_dir(tmp, out)  # a stale or corrupt one is moved aside, then removed
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

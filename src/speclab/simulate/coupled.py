@@ -16,8 +16,8 @@ import numpy as np
 from speclab.simulate.fast import (
     StepTable,
     TraceArrays,
-    check_decision,
     check_probes,
+    decide_step,
     heuristic_flags,
     make_view,
     repeat_requests,
@@ -67,16 +67,7 @@ def run_steps_coupled(
             kv = np.full(len(running), int((ta.prompt_len[i] + p - 1 + extra).sum()), dtype=np.int64)
             view, fi = make_view(ta, policy, running, i, p, n_steps[running], m_occ, kv)
             view.one_batch = True
-            meth, k = policy.decide(view)
-            meth = np.asarray(meth, dtype=np.int64)
-            k = np.asarray(k, dtype=np.int64)
-            check_decision(policy, ta, meth, k, len(running))
-            if stack is not None:
-                a = np.where(meth >= 0, stack[np.maximum(meth, 0), fi], 1)
-            else:
-                a = np.ones(len(running), dtype=np.int64)
-            prod_raw = np.minimum(a, k + 1)
-            prod = np.minimum(prod_raw, ta.out_len[i] - p)
+            meth, k, a, prod_raw, prod = decide_step(ta, policy, view, fi, stack, i, p)
             pv = prev[running]
             for c, v in (("req", running), ("t", n_steps[running]), ("pos", p), ("meth", meth), ("k", k),
                          ("acc", a), ("prod", prod), ("sw", (pv != -2) & (pv != meth)),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -206,6 +207,30 @@ def check_probes(policy: Policy, cm: CostModel | None = None) -> None:
             )
 
 
+def decide_step(
+    ta: TraceArrays,
+    policy: Policy,
+    view: Any,
+    fi: np.ndarray,
+    stack: np.ndarray | None,
+    req: np.ndarray,
+    p: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One step's decisions for the requests `req` at positions `p`: (method index, k, acceptance at the
+    position, tokens produced before and after the cap at the request's end). Shared by run_steps and the
+    coupled (live-batch) loop in coupled.py."""
+    meth, k = policy.decide(view)
+    meth = np.asarray(meth, dtype=np.int64)
+    k = np.asarray(k, dtype=np.int64)
+    check_decision(policy, ta, meth, k, len(req))
+    if stack is not None:
+        a = np.where(meth >= 0, stack[np.maximum(meth, 0), fi], 1)
+    else:
+        a = np.ones(len(req), dtype=np.int64)
+    prod_raw = np.minimum(a, k + 1)
+    return meth, k, a, prod_raw, np.minimum(prod_raw, ta.out_len[req] - p)
+
+
 def run_steps(
     ta: TraceArrays, policy: Policy, batch_size: int, heuristic: bool, batching: str = "", study: bool = False
 ) -> StepTable:
@@ -231,16 +256,7 @@ def run_steps(
         occ = np.full(len(active), c, dtype=np.int64)
         kv = c * (ta.prompt_len[active] + p - 1 + (1 if study else 0))
         view, fi = make_view(ta, policy, active, active, p, n_steps[active], occ, kv)
-        meth, k = policy.decide(view)
-        meth = np.asarray(meth, dtype=np.int64)
-        k = np.asarray(k, dtype=np.int64)
-        check_decision(policy, ta, meth, k, len(active))
-        if stack is not None:
-            a = np.where(meth >= 0, stack[np.maximum(meth, 0), fi], 1)
-        else:
-            a = np.ones(len(active), dtype=np.int64)
-        prod_raw = np.minimum(a, k + 1)
-        prod = np.minimum(prod_raw, ta.out_len[active] - p)
+        meth, k, a, prod_raw, prod = decide_step(ta, policy, view, fi, stack, active, p)
         pv = prev[active]
         cols["req"].append(active)
         cols["t"].append(n_steps[active])
