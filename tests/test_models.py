@@ -19,7 +19,7 @@ from speclab.models import (
     presets,
     resolve_model,
 )
-from speclab.models.prepare import MANIFEST, RECIPE_VERSION, _file_checksums, gguf_path
+from speclab.models.prepare import MANIFEST, RECIPE_VERSION, file_checksums, gguf_path
 
 needs_stack = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or importlib.util.find_spec("gguf") is None,
@@ -78,7 +78,7 @@ def test_missing_package_is_a_clear_error(monkeypatch):
 def test_manifest_detects_tampering(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"abc")
-    manifest = {"recipe": RECIPE_VERSION, "source_sha256": "s", "files": _file_checksums(tmp_path)}
+    manifest = {"recipe": RECIPE_VERSION, "source_sha256": "s", "files": file_checksums(tmp_path)}
     (tmp_path / MANIFEST).write_text(json.dumps(manifest))
     assert is_prepared(tmp_path, "s")
     assert not is_prepared(tmp_path, "other-source")

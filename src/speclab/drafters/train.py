@@ -30,13 +30,13 @@ from typing import Any
 
 import torch
 
-from speclab.atomic import atomic_path, exclusive_lock, replace_dir
+from speclab.atomic import atomic_path, exclusive_lock
 from speclab.drafters.data import Sequence, build_sequences, eval_prompts, training_prompts
 from speclab.drafters.eagle3 import Eagle3Head, head_config
 from speclab.drafters.evaluate import collate, replay_metrics
 from speclab.errors import SpeclabError
+from speclab.models.prepare import MANIFEST, file_checksums, publish_build
 
-MANIFEST = "speclab-manifest.json"
 RECIPE_VERSION = "1"
 
 DEFAULT_WORKLOADS = {
@@ -80,12 +80,6 @@ def drafters_dir(target: str, cache_dir: str | os.PathLike[str] | None = None) -
     return (Path(cache_dir).expanduser() if cache_dir else cache_root() / "drafters") / target
 
 
-def _checksums(d: Path) -> dict[str, str]:
-    from speclab.models.prepare import sha256_file
-
-    return {p.name: sha256_file(p) for p in sorted(d.iterdir()) if p.is_file() and p.name != MANIFEST}
-
-
 def is_trained(d: Path, verify_files: bool = True) -> bool:
     try:
         m = json.loads((d / MANIFEST).read_text())
@@ -95,7 +89,7 @@ def is_trained(d: Path, verify_files: bool = True) -> bool:
         return False
     if not verify_files:
         return all((d / f).is_file() for f in m.get("files", {}))
-    return _checksums(d) == m.get("files")
+    return file_checksums(d) == m.get("files")
 
 
 def load_target(target: str, cache_dir: str | None = None) -> tuple[Any, Any, Path]:
@@ -358,11 +352,8 @@ def _train_locked(
             "total_seconds": round(time.perf_counter() - t_start, 1),
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "torch_threads": torch.get_num_threads(),
-            "files": _checksums(tmp),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        replace_dir(tmp, out)  # a stale or corrupt one is moved aside, then removed
+        publish_build(tmp, out, manifest)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

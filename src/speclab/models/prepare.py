@@ -64,12 +64,25 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def _file_checksums(d: Path) -> dict[str, str]:
+def file_checksums(d: Path) -> dict[str, str]:
     return {
         p.relative_to(d).as_posix(): sha256_file(p)
         for p in sorted(d.rglob("*"))
         if p.is_file() and p.name != MANIFEST
     }
+
+
+def publish_build(tmp: Path, out: Path, manifest: dict[str, Any]) -> None:
+    """Finish a cache entry built in `tmp` (beside `out`): the checksums of its files and the build time join
+    `manifest`, written as MANIFEST, then `tmp` takes the place of `out` (a stale or corrupt one is moved aside
+    and removed). Shared by model checkpoints and trained drafters."""
+    manifest = {
+        **manifest,
+        "files": file_checksums(tmp),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    replace_dir(tmp, out)
 
 
 def read_manifest(d: Path) -> dict[str, Any] | None:
@@ -87,7 +100,7 @@ def is_prepared(d: Path, source_sha256: str | None = None, verify_files: bool = 
         return False
     if not verify_files:
         return all((d / f).is_file() for f in m.get("files", {}))
-    return _file_checksums(d) == m.get("files")
+    return file_checksums(d) == m.get("files")
 
 
 # --- sources -------------------------------------------------------------------------------------------
@@ -239,11 +252,8 @@ def prepare_model(
                 "source": preset.source,
                 "source_sha256": source_sha,
                 "layers": list(preset.layers) if preset.layers else None,
-                "files": _file_checksums(tmp),
-                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-            replace_dir(tmp, out)  # a stale or corrupt one is moved aside, then removed
+            publish_build(tmp, out, manifest)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
