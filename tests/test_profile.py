@@ -156,3 +156,19 @@ def test_parse_methods_with_per_method_k() -> None:
     assert parse_methods("none,ngram:1/3", None) == [("ngram", 1), ("ngram", 3)]
     with pytest.raises(ConfigError, match="ngram:"):
         parse_methods("ngram:x", None)
+
+
+def test_piecewise_fit_never_has_negative_coefficients() -> None:
+    """Noisy timings whose unconstrained fit bends down below the knee must still give a loadable model (the
+    cost-model loader refuses negative coefficients; `validate --fit best` failed on a real run this way)."""
+    import numpy as np
+
+    from speclab.profile.fit import fit_piecewise
+
+    rng = np.random.default_rng(3)
+    bt = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512] * 3, dtype=np.float64)
+    kv = rng.integers(0, 2000, len(bt)).astype(np.float64)
+    sec = 0.03 - 0.00002 * np.minimum(bt, 64) + 0.0004 * np.maximum(bt - 64, 0) + rng.normal(0, 1e-4, len(bt))
+    fit = fit_piecewise(kv, bt, sec)
+    assert min(fit.kv, fit.batched, fit.batched_hi, fit.const) >= 0
+    assert fit.batched_hi > 0 and fit.const > 0

@@ -35,17 +35,17 @@ def _lstsq(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, float]:
         raise ConfigError(
             f"timings: {what}: {len(y)} row(s), need at least {x.shape[1]} to fit {x.shape[1]} terms"
         )
-    coef = _nonneg_lstsq(x, y)
+    coef = nonneg_lstsq(x, y)
     resid = y - x @ coef
     ss_tot = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((resid**2).sum()) / ss_tot if ss_tot > 0 else 1.0
     return coef, r2
 
 
-def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0 (a negative time per token is not a cost model). Exact for
-    our 3 terms: the best unconstrained fit over each subset of terms, keeping the feasible one with the
-    smallest residual (the plain fit when it is already non-negative)."""
+def nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (a negative time per token is not a cost model): the best
+    unconstrained fit over each subset of terms, keeping the feasible one with the smallest residual (the plain
+    fit when it is already non-negative). Exact, and cheap for the few terms of a cost model (2^n subsets)."""
     n = x.shape[1]
     best, best_ss = np.zeros(n), float((y**2).sum())
     for mask in range((1 << n) - 1, 0, -1):

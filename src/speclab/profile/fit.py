@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from speclab.costmodel.fit import fit_cost_model_report
+from speclab.costmodel.fit import fit_cost_model_report, nonneg_lstsq
 from speclab.costmodel.forms import PiecewiseTargetCost
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
@@ -63,7 +63,7 @@ def fit_piecewise(kv: np.ndarray, bt: np.ndarray, sec: np.ndarray) -> PiecewiseT
         x = np.column_stack([kv, np.minimum(bt, knee), np.maximum(bt - knee, 0.0), np.ones_like(kv)])
         if len(sec) < x.shape[1]:
             continue
-        c, *_ = np.linalg.lstsq(x * w[:, None], sec * w, rcond=None)
+        c = nonneg_lstsq(x * w[:, None], sec * w)  # a negative time per token is not a cost model
         sse = float((((x @ c) - sec) * w) ** 2 @ np.ones_like(sec))
         cand = PiecewiseTargetCost(
             kv=float(c[0]), batched=float(c[1]), const=float(c[3]), knee=float(knee), batched_hi=float(c[2])
@@ -177,7 +177,7 @@ def _fit_draft_linear(a: np.ndarray) -> DraftCost:
     x = np.column_stack([a[:, 0], a[:, 2], np.ones(len(a))])
     if len(a) < 3:
         return DraftCost(form="linear", const=float(a[:, 4].mean()) if len(a) else 0.0)
-    c, *_ = np.linalg.lstsq(x, a[:, 4], rcond=None)
+    c = nonneg_lstsq(x, a[:, 4])
     return DraftCost(form="linear", kv=float(c[0]), num_spec=float(c[1]), const=float(c[2]))
 
 
