@@ -154,7 +154,7 @@ def test_validate_reports_the_error_of_a_disturbed_cell(tmp_path: Path) -> None:
     assert val.summary()["cells_over_10pct"] == 1
     text = "\n".join(format_table(val))
     assert "+20.0%" in text and "mean absolute error of the predicted speedup: 10.0%" in text
-    assert "load average above" not in text  # load 1.0 on 2 cores
+    assert "competed for the CPUs" not in text  # load 1.0 on 2 cores
     val.cells[0].loadavg_1m = 7.5
     assert val.summary()["contended_cells"] == 1 and "1 of 4 cell(s)" in "\n".join(format_table(val))
 

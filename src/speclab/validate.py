@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from speclab.bench.repeats import load_is_contended, row_pressure
 from speclab.bench.rows import _baseline_match, entry_labels, read_rows
 from speclab.costmodel import CostModel, fit_cost_model, get_cost_model
 from speclab.errors import SpeclabError
@@ -53,6 +54,7 @@ class CellCheck:
     throughput_err: float | None
     loadavg_1m: float | None  # the machine's load when the cell finished (contention)
     cpus: int | None = None
+    cpu_pressure: float | None = None  # Linux PSI over the cell, where recorded (bench.repeats decides by it)
     # engine steps: measured (the cell's engine.step() calls) and simulated; equal counts mean the
     # acceptance and batching were reproduced and any error lies in the time per step (the cost model)
     measured_steps: int | None = None
@@ -81,9 +83,10 @@ class Validation:
             "max_abs_speedup_err": float(np.max(errs)) if errs else None,
             "cells_over_10pct": sum(1 for e in errs if e > 0.10),
             "mean_abs_throughput_err": float(np.mean(terrs)) if terrs else None,
-            # cells that finished with more runnable processes than cores: their timings were inflated
+            # cells measured while other processes competed for the CPUs (the bench's own rule): their
+            # timings were inflated
             "contended_cells": sum(
-                1 for c in self.cells if c.loadavg_1m and c.cpus and c.loadavg_1m > c.cpus
+                1 for c in self.cells if load_is_contended(c.loadavg_1m, c.cpus, c.cpu_pressure)
             ),
         }
 
@@ -220,6 +223,7 @@ def validate_run(
             throughput_err=None,
             loadavg_1m=(r.get("host") or {}).get("loadavg_1m"),
             cpus=(r.get("host") or {}).get("cpus"),
+            cpu_pressure=row_pressure(r),
         )
         val.cells.append(check)
         try:
@@ -326,8 +330,8 @@ def format_table(val: Validation) -> list[str]:
         out.append("no SD cell with a measured and a predicted speedup")
     if s["contended_cells"]:
         out.append(
-            f"{s['contended_cells']} of {len(val.cells)} cell(s) finished with a load average above the core "
-            "count: other processes shared the CPUs, so their measured times (and these errors) reflect the "
+            f"{s['contended_cells']} of {len(val.cells)} cell(s) ran while other processes competed for "
+            "the CPUs (CPU pressure, or where not recorded the load average), so their measured times (and these errors) reflect the "
             "machine as much as the simulator; validate on a quiet machine"
         )
     return out
