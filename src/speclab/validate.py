@@ -178,7 +178,11 @@ def _load_cost_model(run: Path, name: str | None, fit: str) -> tuple[CostModel, 
 
         model = fit_timings_csv(path, "run-timings").model
         forms = ", ".join(
-            [getattr(model.target, "form", "linear")] + [f"{m} {d.form}" for m, d in model.draft.items()]
+            [getattr(model.target, "form", "linear")]
+            + [f"{m} {d.form}" for m, d in model.draft.items()]
+            + [
+                f"overhead {'linear' if model.overhead_per_request or model.overhead_per_spec_token else 'mean'}"
+            ]
         )
         return model, f"fitted from {path} (best forms on held-out steps: {forms})"
     if fit != "linear":

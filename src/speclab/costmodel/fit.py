@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from speclab.costmodel.model import _DRAFT_KEYS as DRAFT_KEYS
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
 from speclab.methods.catalog import MODEL_FREE
@@ -63,19 +64,53 @@ def nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
+def forwards_design(rows: np.ndarray) -> np.ndarray:
+    """The terms of the "forwards" drafting form (CostModel's DraftCost) for `draft:<method>` timing rows:
+    [passes * kv before the step, batched_tokens + (passes - 1) * num_requests, passes]. A draft row records
+    the KV after the step's target forward (kv + batched) and the drafts proposed (num_requests * k)."""
+    kv, bt, ns, nr = rows[:, 0], rows[:, 1], rows[:, 2], np.maximum(rows[:, 3], 1)
+    passes = np.ceil(ns / nr)
+    return np.column_stack([passes * np.maximum(kv - bt, 0), bt + np.maximum(passes - 1, 0) * nr, passes])
+
+
+def fit_forwards(rows: np.ndarray, what: str = "draft") -> DraftCost:
+    """Least-squares fit (non-negative) of the "forwards" drafting form from `draft:<method>` rows."""
+    c, _ = _lstsq(forwards_design(rows), rows[:, 4], what)
+    return DraftCost(form="forwards", kv=float(c[0]), batched=float(c[1]), const=float(c[2]))
+
+
+def overhead_design(rows: np.ndarray) -> np.ndarray:
+    """The terms of the overhead per step for `overhead` rows: [1, num_requests, num_spec_tokens]."""
+    return np.column_stack([np.ones(len(rows)), rows[:, 3], rows[:, 2]])
+
+
+def fit_overhead_linear(rows: np.ndarray) -> tuple[float, float, float]:
+    """(per_step, per_request, per_spec_token): the overhead as a constant plus a share per scheduled
+    request and per verified draft token (sampling and rejection sampling run over them), non-negative."""
+    c, _ = _lstsq(overhead_design(rows), rows[:, 4], "overhead")
+    return float(c[0]), float(c[1]), float(c[2])
+
+
 def fit_cost_model(
     csv_path: str | os.PathLike[str], name: str | None = None, draft_form: str = "linear"
 ) -> CostModel:
-    """Least-squares fit of the study's form. draft_form: "linear" (study) or "chained" for model proposers;
-    lookup proposers (ngram, suffix) are fitted as a fraction of the predicted verify time."""
+    """Least-squares fit of the study's form. draft_form: "linear" (study), "chained" or "forwards" for model
+    proposers; lookup proposers (ngram, suffix) are fitted as a fraction of the predicted verify time."""
     return fit_cost_model_report(csv_path, name, draft_form)[0]
 
 
 def fit_cost_model_report(
-    csv_path: str | os.PathLike[str], name: str | None = None, draft_form: str = "linear"
+    csv_path: str | os.PathLike[str],
+    name: str | None = None,
+    draft_form: str = "linear",
+    overhead_form: str = "mean",
 ) -> tuple[CostModel, FitReport]:
-    if draft_form not in ("linear", "chained"):
-        raise ConfigError(f"draft form {draft_form!r}: use linear or chained")
+    """As fit_cost_model; overhead_form "mean" (the study's constant per step) or "linear" (a constant plus a
+    share per scheduled request and per verified draft token, fit_overhead_linear)."""
+    if draft_form not in ("linear", "chained", "forwards"):
+        raise ConfigError(f"draft form {draft_form!r}: use linear, chained or forwards")
+    if overhead_form not in ("mean", "linear"):
+        raise ConfigError(f"overhead form {overhead_form!r}: use mean or linear")
     data = _read_rows(csv_path)
     rep = FitReport(rows={k: len(v) for k, v in data.items()})
     if "target" not in data:
@@ -101,6 +136,10 @@ def fit_cost_model_report(
             c, _ = _lstsq(x, sec, kind)
             drafts[method] = DraftCost(form="linear", kv=float(c[0]), num_spec=float(c[1]), const=float(c[2]))
             pred = x @ c
+        elif draft_form == "forwards":
+            drafts[method] = fit_forwards(rows, kind)
+            d = drafts[method]
+            pred = forwards_design(rows) @ np.array([d.kv, d.batched, d.const])
         else:
             # chained: passes = drafts per request (a chain of k drafts is k head passes)
             passes = np.ceil(ns / np.maximum(nr, 1))
@@ -113,15 +152,13 @@ def fit_cost_model_report(
         ss_tot = float(((sec - sec.mean()) ** 2).sum())
         rep.r2[kind] = 1.0 - float(((sec - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
     overhead = float(data["overhead"][:, 4].mean()) if "overhead" in data else 0.0
+    per_request = per_spec = 0.0
+    if overhead_form == "linear" and "overhead" in data:
+        overhead, per_request, per_spec = fit_overhead_linear(data["overhead"])
     if "overhead" not in data:
         rep.notes.append("no 'overhead' rows: per-step overhead set to 0")
     zero = [f"target.{k}" for k, v in vars(target).items() if v == 0]
-    zero += [
-        f"draft.{m}.{k}"
-        for m, d in drafts.items()
-        for k, v in vars(d).items()
-        if isinstance(v, float) and v == 0 and (k == "fraction") == (d.form == "verify_fraction")
-    ]
+    zero += [f"draft.{m}.{k}" for m, d in drafts.items() for k in DRAFT_KEYS[d.form] if getattr(d, k) == 0]
     if zero:
         rep.notes.append(
             f"coefficient(s) fitted as 0 (held at 0 where a free fit went negative): {', '.join(zero)} "
@@ -135,5 +172,7 @@ def fit_cost_model_report(
         draft=drafts,
         overhead_per_step=overhead,
         switch_overhead=0.0,
+        overhead_per_request=per_request,
+        overhead_per_spec_token=per_spec,
     )
     return model.validate(f"cost model fitted from {csv_path}"), rep

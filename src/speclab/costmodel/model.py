@@ -3,14 +3,17 @@
 The form is the study's linear model (arXiv 2601.11580):
 - target forward (prefill, decode or verify) = kv * kv_tokens + batched * batched_tokens + const
 - drafting, per method, in one of three forms (see DraftCost)
-- a fixed overhead per engine step, and an optional overhead for a step in which some request switches method.
+- an overhead per engine step: a constant, optionally plus a share per scheduled request and per draft token
+  verified (sampling and rejection sampling run over those), and an optional overhead for a step in which some
+  request switches method.
 
 TOML schema (checked on load, and by `CostModel.validate` for fitted or hand-built models):
   name, description, source: strings (optional)
   [target]    kv, batched, const: required
   [overhead]  per_step: required (a missing [overhead] is an error, not 0: state 0 if you mean it);
-              switch: optional, default 0
+              per_request, per_spec_token, switch: optional, default 0
   [draft.M]   form = "linear" | "chained": const required, kv and num_spec default 0;
+              form = "forwards": const required, kv and batched default 0;
               form = "verify_fraction": fraction required
 Every coefficient is a finite number in 0..MAX_COEF seconds (fraction: 0..MAX_FRACTION), and a target
 forward must cost time (batched + const > 0). Unknown keys or sections are refused (a typo is not a 0).
@@ -27,16 +30,22 @@ import numpy as np
 
 from speclab.errors import ConfigError
 
-DRAFT_FORMS = ("linear", "chained", "verify_fraction")
+DRAFT_FORMS = ("linear", "chained", "forwards", "verify_fraction")
 MAX_COEF = 1e3  # seconds per token / per step: far above any real engine, small enough to stay finite
 MAX_FRACTION = 1e3
 _REQUIRED = object()
 # section -> key -> default (_REQUIRED: must be given)
 _TARGET_KEYS: dict[str, Any] = {"kv": _REQUIRED, "batched": _REQUIRED, "const": _REQUIRED}
-_OVERHEAD_KEYS: dict[str, Any] = {"per_step": _REQUIRED, "switch": 0.0}
+_OVERHEAD_KEYS: dict[str, Any] = {
+    "per_step": _REQUIRED,
+    "switch": 0.0,
+    "per_request": 0.0,
+    "per_spec_token": 0.0,
+}
 _DRAFT_KEYS: dict[str, dict[str, Any]] = {
     "linear": {"kv": 0.0, "num_spec": 0.0, "const": _REQUIRED},
     "chained": {"kv": 0.0, "num_spec": 0.0, "const": _REQUIRED},
+    "forwards": {"kv": 0.0, "batched": 0.0, "const": _REQUIRED},
     "verify_fraction": {"fraction": _REQUIRED},
 }
 _TOP_KEYS = ("name", "description", "source", "target", "overhead", "draft")
@@ -64,6 +73,12 @@ class DraftCost:
         (charged even when a request drafts 0 tokens: the proposer still runs).
     form "chained" (k autoregressive head passes): passes = the most drafts any request asks for; the step pays
         passes * (kv * batch_kv_tokens + const) + num_spec * total_draft_tokens. 0 drafts = 0 cost.
+    form "forwards" (a draft model run by the engine, as vLLM's draft-model proposer does): at every engine step
+        with a scheduled request (prefills included) the drafter runs `passes` forwards (passes = the drafts per
+        request, k): the first over all the step's batched tokens (it catches up on what the target just
+        verified or prefilled), the others over one token per request. Each forward is priced like a target
+        forward: the step pays passes * (kv * batch_kv_tokens + const) + batched * (batched_tokens +
+        (passes - 1) * num_requests).
     form "verify_fraction" (the study's n-gram): fraction * this step's verify time, if any request drafts >= 1.
     """
 
@@ -72,6 +87,7 @@ class DraftCost:
     num_spec: float = 0.0
     const: float = 0.0
     fraction: float = 0.0
+    batched: float = 0.0  # form "forwards": seconds per token through the drafter
 
     def __post_init__(self) -> None:
         if self.form not in DRAFT_FORMS:
@@ -86,6 +102,9 @@ class CostModel:
     overhead_per_step: float = 0.0
     switch_overhead: float = 0.0
     description: str = ""
+    # the overhead's shares per scheduled request and per verified draft token (0: a constant per step)
+    overhead_per_request: float = 0.0
+    overhead_per_spec_token: float = 0.0
     source: str = ""
     path: str | None = None
 
@@ -100,6 +119,15 @@ class CostModel:
     def target_time(self, kv_tokens: Any, batched_tokens: Any) -> Any:
         return self.target.time(kv_tokens, batched_tokens)
 
+    def overhead_time(self, num_requests: Any, spec_tokens: Any) -> Any:
+        """The per-step overhead (everything but the target forward and drafting) of a step that schedules
+        num_requests requests and verifies spec_tokens draft tokens."""
+        return (
+            self.overhead_per_step
+            + self.overhead_per_request * num_requests
+            + self.overhead_per_spec_token * spec_tokens
+        )
+
     def validate(self, where: str = "") -> CostModel:
         """Raise ConfigError unless every coefficient is usable (see the module docstring); returns self."""
         where = where or f"cost model {self.name!r}"
@@ -112,6 +140,8 @@ class CostModel:
             )
         _check_coef(self.overhead_per_step, f"{where}: field overhead.per_step")
         _check_coef(self.switch_overhead, f"{where}: field overhead.switch")
+        _check_coef(self.overhead_per_request, f"{where}: field overhead.per_request")
+        _check_coef(self.overhead_per_spec_token, f"{where}: field overhead.per_spec_token")
         for m, d in self.draft.items():
             for k in _DRAFT_KEYS[d.form]:
                 top = MAX_FRACTION if k == "fraction" else MAX_COEF
@@ -133,10 +163,17 @@ class CostModel:
             f"per_step = {_f(self.overhead_per_step)}",
             f"switch = {_f(self.switch_overhead)}",
         ]
+        if self.overhead_per_request or self.overhead_per_spec_token:  # else as written before these existed
+            lines += [
+                f"per_request = {_f(self.overhead_per_request)}",
+                f"per_spec_token = {_f(self.overhead_per_spec_token)}",
+            ]
         for m, d in self.draft.items():
             lines += ["", f"[draft.{_key(m)}]", f"form = {_q(d.form)}"]
             if d.form == "verify_fraction":
                 lines.append(f"fraction = {_f(d.fraction)}")
+            elif d.form == "forwards":
+                lines += [f"kv = {_f(d.kv)}", f"batched = {_f(d.batched)}", f"const = {_f(d.const)}"]
             else:
                 lines += [f"kv = {_f(d.kv)}", f"num_spec = {_f(d.num_spec)}", f"const = {_f(d.const)}"]
         return "\n".join(lines) + "\n"
@@ -186,6 +223,8 @@ class CostModel:
             draft=drafts,
             overhead_per_step=ovh["per_step"],
             switch_overhead=ovh["switch"],
+            overhead_per_request=ovh["per_request"],
+            overhead_per_spec_token=ovh["per_spec_token"],
         ).validate(where)
 
 

@@ -3,8 +3,9 @@
 Target forward: the study's linear form (speclab.costmodel.fit, least squares) and the piecewise form
 (speclab.costmodel.forms; least squares on relative error, the knee chosen from a grid). Drafting per
 method: the registered forms that apply (lookup proposers: the study's verify fraction and linear; model
-drafters: linear and chained). Each kind keeps the form with the lower error on the held-out cells (both
-errors are reported, so the choice is visible); the overhead is the mean of the training rows.
+drafters: linear, chained and forwards). Overhead per step: the mean of the training rows, or linear in the
+scheduled requests and the verified draft tokens. Each kind keeps the form with the lower error on the
+held-out cells (all errors are reported, so the choice is visible).
 Error = mean absolute relative error per row, and the relative error of the summed time (what a
 throughput prediction depends on).
 """
@@ -18,7 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from speclab.costmodel.fit import fit_cost_model_report, nonneg_lstsq
+from speclab.costmodel.fit import (
+    fit_cost_model_report,
+    fit_forwards,
+    fit_overhead_linear,
+    forwards_design,
+    nonneg_lstsq,
+    overhead_design,
+)
 from speclab.costmodel.forms import PiecewiseTargetCost
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
@@ -82,6 +90,8 @@ def draft_time(cost: DraftCost, target: TargetCost, a: np.ndarray) -> np.ndarray
         return cost.fraction * np.asarray(target.time(kv, bt))
     if cost.form == "linear":
         return cost.kv * kv + cost.num_spec * ns + cost.const
+    if cost.form == "forwards":
+        return forwards_design(a) @ np.array([cost.kv, cost.batched, cost.const])
     passes = np.ceil(ns / np.maximum(nr, 1))
     return passes * (cost.kv * kv + cost.const) + cost.num_spec * ns
 
@@ -150,6 +160,8 @@ def fit_profile(cells: list[CellTimings], name: str, description: str = "") -> P
             forms.append(("linear", _fit_draft_linear(tr)))
         else:
             forms += [("linear", lin.draft[method]), ("chained", chained.draft[method])]
+            if len(tr) >= 3:
+                forms.append(("forwards", fit_forwards(tr, kind)))
         scored = []
         for form, dc in forms:
             m, t, c = _err(draft_time(dc, target, te), te[:, 4], tc_)
@@ -158,14 +170,24 @@ def fit_profile(cells: list[CellTimings], name: str, description: str = "") -> P
         drafts[method] = dict(forms)[p.form]
         errors += scored
     ov_tr, ov_te, ov_c = split("overhead")
-    overhead = float(ov_tr[:, 4].mean()) if len(ov_tr) else 0.0
-    m, t, c = _err(np.full(len(ov_te), overhead), ov_te[:, 4], ov_c)
-    errors.append(FormError("overhead", "mean", len(ov_tr), len(ov_te), m, t, c, chosen=True))
+    ov_forms: list[tuple[str, tuple[float, float, float]]] = [
+        ("mean", (float(ov_tr[:, 4].mean()) if len(ov_tr) else 0.0, 0.0, 0.0))
+    ]
+    if len(ov_tr) >= 3:
+        ov_forms.append(("linear", fit_overhead_linear(ov_tr)))
+    scored = []
+    for form, coef in ov_forms:
+        m, t, c = _err(overhead_design(ov_te) @ np.array(coef), ov_te[:, 4], ov_c)
+        scored.append(FormError("overhead", form, len(ov_tr), len(ov_te), m, t, c))
+    overhead, per_request, per_spec = dict(ov_forms)[_pick(scored).form]
+    errors += scored
     model = CostModel(
         name=name,
         target=target,
         draft=drafts,
         overhead_per_step=overhead,
+        overhead_per_request=per_request,
+        overhead_per_spec_token=per_spec,
         description=description or f"profiled by `speclab profile` ({len(cells)} cells)",
         source="speclab profile",
     )

@@ -426,6 +426,9 @@ def step_costs(
         sch.start, weights=c * ta.prompt_len, minlength=G
     )
     verify = cm.target_time(kv, vt)
+    # requests scheduled in each step (running and prefilling, every copy) and draft tokens verified
+    nreq = c * (np.bincount(keys, minlength=G) + np.bincount(sch.start, minlength=G))
+    spec = np.bincount(keys, weights=spec_sum, minlength=G)
     draft = np.zeros(G)
     if study and policy.methods:
         draft = np.bincount(keys, weights=study_draft(st, policy, ta, cm, c, mc, verify[keys]), minlength=G)
@@ -443,6 +446,11 @@ def step_costs(
                 continue
             mx = np.zeros(G, dtype=np.int64)
             np.maximum.at(mx, ks, sm)
+            if cost.form == "forwards":
+                draft += forwards_charge(
+                    cost, mx, np.bincount(sch.start, minlength=G) > 0, policy, kv, vt, nreq
+                )
+                continue
             if cost.form == "linear" and draft_kv == "request":
                 own = cost.kv * (ta.prompt_len[st.req[sel]] + st.pos[sel] - 1) + cost.num_spec * sm
                 best = np.full(G, -np.inf)
@@ -455,7 +463,7 @@ def step_costs(
                 draft += mx * (cost.kv * kv + cost.const) + cost.num_spec * np.bincount(
                     ks, weights=spec_sum[sel], minlength=G
                 )
-    overhead = np.full(G, cm.overhead_per_step)
+    overhead = np.asarray(cm.overhead_time(nreq, spec), dtype=np.float64) * np.ones(G)
     if switch_overhead and st.switched.any():
         overhead += switch_overhead * (np.bincount(keys[st.switched], minlength=G) > 0)
     step_t = verify + draft + overhead
@@ -486,6 +494,17 @@ def step_costs(
         full_s=full_s,
         full_tokens=full_tokens,
     )
+
+
+def forwards_charge(
+    cost: Any, mx: np.ndarray, prefill: np.ndarray, policy: Policy, kv: Any, vt: Any, nreq: Any
+) -> np.ndarray:
+    """Drafting of the "forwards" form per step (costmodel.model.DraftCost): the drafter runs `passes`
+    forwards, the most drafts any request of the step asks for; a step whose only work is prefills still
+    runs the policy's largest k (the engine's drafter proposes for a request right after its prefill)."""
+    passes = np.where((mx == 0) & prefill, int(policy.extra.get("max_k") or 0), mx).astype(np.float64)
+    t = passes * (cost.kv * kv + cost.const) + cost.batched * (vt + np.maximum(passes - 1, 0) * nreq)
+    return np.where(passes > 0, t, 0.0)
 
 
 def steady_passes(out_len: np.ndarray, batch_size: int) -> tuple[int, bool]:
@@ -552,6 +571,11 @@ def study_draft(
             delta = np.where(done, -kv_req[sel], prod)
             kv = c * kv_req[sel] + delta * (c - 1) / 2
             out[sel] = cost.kv * kv + cost.num_spec * (st.k[sel] + 1) + cost.const
+        elif cost.form == "forwards":
+            raise ConfigError(
+                f"cost model {cm.name!r}: drafting form 'forwards' ({name}) has no study-rules charge; "
+                "simulate without the study's rules"
+            )
         else:  # chained: the study has no such form; its per-step charge for the copies
             out[sel] = (
                 st.k[sel] * (cost.kv * c * kv_req[sel] + cost.const) + cost.num_spec * st.k[sel] * mc[sel]

@@ -9,7 +9,8 @@ from collections import deque
 import numpy as np
 
 from speclab.costmodel.model import CostModel
-from speclab.simulate.fast import Timing, TraceArrays, check_decision, heuristic_flags
+from speclab.errors import ConfigError
+from speclab.simulate.fast import Timing, TraceArrays, check_decision, forwards_charge, heuristic_flags
 from speclab.simulate.policies import Policy, PolicyContext, StepOutcome, StepView
 
 
@@ -111,6 +112,7 @@ def reference_timing(
             cand = heuristic_flags(policy, ta, meth, k, a_arr, heuristic).tolist()
             kv = 0
             vtok = 0
+            spec_tok = 0  # draft tokens verified in this step
             switched = False
             per_method: dict[str, list[tuple[int, int, int]]] = {}  # method -> [(spec, spec*copies, own kv)]
             prod_raw_l = []
@@ -125,6 +127,7 @@ def reference_timing(
                 elif cand[j] and draws is not None:
                     matched = int(draws[off[r.i] + r.pos])  # copies whose n-gram lookup found a match
                 vtok += (copies - matched) + matched * (kk + 1)
+                spec_tok += matched * kk
                 matched_l.append(matched)
                 if m >= 0:
                     name = policy.charge_as or policy.methods[m]
@@ -154,11 +157,20 @@ def reference_timing(
             if running and not study:  # probes run at every step of every running request
                 for name in policy.probes:
                     per_method.setdefault(name, []).append((0, 0, 0))
+            nreq = copies * (len(running) + len(new))
+            if new and not study:  # a "forwards" drafter also runs in a step of prefills only
+                for name in {policy.charge_as or m for m in policy.methods}:
+                    if cm.draft_for(name).form == "forwards":
+                        per_method.setdefault(name, [])
             for name in sorted(per_method):
                 cost = cm.draft_for(name)
                 items = per_method[name]
-                mx = max(it[0] for it in items)
-                if cost.form == "verify_fraction":
+                mx = max((it[0] for it in items), default=0)
+                if cost.form == "forwards":
+                    draft += float(
+                        forwards_charge(cost, np.array(mx), np.array(bool(new)), policy, kv, vtok, nreq)
+                    )
+                elif cost.form == "verify_fraction":
                     draft += cost.fraction * verify if mx > 0 or name in policy.probes else 0.0
                 elif cost.form == "linear":
                     # per request kv*kv_tokens + num_spec*spec + const; the step pays the max over requests
@@ -170,7 +182,8 @@ def reference_timing(
                     draft += sum(cost.kv * kv + cost.const for _ in range(mx)) + cost.num_spec * sum(
                         it[1] for it in items
                     )
-            overhead = cm.overhead_per_step + (switch_overhead if switched and switch_overhead else 0.0)
+            overhead = float(cm.overhead_time(nreq, spec_tok))
+            overhead += switch_overhead if switched and switch_overhead else 0.0
             dt = verify + draft + overhead
             tot["verify"] += verify
             tot["propose"] += draft
@@ -254,6 +267,8 @@ def _copy_drafts(
     verify: float,
 ) -> float:  # fmt: skip
     cost = cm.draft_for(policy.charge_as or policy.methods[m])
+    if cost.form == "forwards":
+        raise ConfigError(f"cost model {cm.name!r}: drafting form 'forwards' has no study-rules charge")
     total = 0.0
     running_kv = copies * kv_req
     prod = min(a, k + 1)

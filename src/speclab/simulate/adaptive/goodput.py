@@ -22,7 +22,7 @@ def step_time(
     """Estimated engine-step time when all `occ` sequences propose k drafts with `method` (None = off).
     k broadcasts against occ/kv (e.g. occ[:, None] with k[None, :])."""
     verify = cm.target_time(kv, occ * (k + 1))
-    t = verify + cm.overhead_per_step
+    t = verify + cm.overhead_time(occ, occ * k)
     for p in probes:  # probes run at every step whatever is chosen
         t = t + cm.draft_for(p).fraction * verify
     if method is None or method in probes:
@@ -32,6 +32,10 @@ def step_time(
         return t + np.where(k > 0, d.fraction * verify, 0.0)
     if d.form == "linear":
         return t + np.where(k > 0, d.kv * kv + d.num_spec * k + d.const, 0.0)
+    if d.form == "forwards":  # k forwards: the first over the step's tokens, then one token per sequence
+        return t + np.where(
+            k > 0, k * (d.kv * kv + d.const) + d.batched * (occ * (k + 1) + (k - 1) * occ), 0.0
+        )
     return t + k * (d.kv * kv + d.const) + d.num_spec * occ * k  # chained
 
 
@@ -85,6 +89,8 @@ def batch_choice(
     frac = sum(cm.draft_for(p).fraction for p in probes)
     tok_s = tc.batched * (1 + frac)  # one verified token, probes scale with verify time
     base_g = (tc.kv * kv_g + tc.const) * (1 + frac) + cm.overhead_per_step
+    # the overhead's per-request share is paid whatever is chosen; its per-draft-token share is in S below
+    base_g = base_g + cm.overhead_per_request * np.bincount(group, weights=w, minlength=ng)
     # options per request: (method index, k, expected tokens, own marginal seconds, passes needed)
     opts = [(np.full(n, -1), np.zeros(n), np.ones(n), w * tok_s, np.zeros(n))]
     for j, m in enumerate(methods):
@@ -93,13 +99,16 @@ def batch_choice(
         d = cm.draft_for(m)
         e = 1.0 + np.cumsum(surv[j][:, : kmax[j]], axis=1)
         for k in range(1, kmax[j] + 1):
-            sec = w * (k + 1) * tok_s
+            sec = w * ((k + 1) * tok_s + k * cm.overhead_per_spec_token)
             passes = np.zeros(n)
             if m not in probes:
                 if d.form == "verify_fraction":
                     sec = sec + w * (k + 1) * tc.batched * d.fraction
                 elif d.form == "chained":
                     sec = sec + w * d.num_spec * k
+                    passes = np.full(n, float(k))
+                elif d.form == "forwards":  # its tokens through the drafter: k + 1, then 1 per later pass
+                    sec = sec + w * d.batched * 2 * k
                     passes = np.full(n, float(k))
                 else:  # linear: charged once per step (max over requests): count it as shared
                     sec = sec + w * d.num_spec * k / np.maximum(size[group], 1)
