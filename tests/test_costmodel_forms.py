@@ -1,0 +1,144 @@
+"""The 'forwards' drafting form and the overhead linear in requests and draft tokens: synthetic timings from a
+known surface are recovered by the fits, the TOML loader checks them, old TOMLs still load, and the fast and
+reference simulators charge them alike (a model drafter also pays at a step of prefills only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from speclab.costmodel import CostModel, get_cost_model
+from speclab.costmodel.fit import fit_cost_model_report, fit_forwards, fit_overhead_linear
+from speclab.costmodel.forms import PiecewiseTargetCost
+from speclab.costmodel.model import DraftCost
+from speclab.errors import ConfigError
+from speclab.profile.fit import fit_timings_csv
+from speclab.simulate import simulate
+from speclab.timings import append_timings
+from test_simulate_reference import assert_same, random_traces  # tests/ is on sys.path (pytest prepend mode)
+
+TARGET = PiecewiseTargetCost(kv=3e-6, batched=1e-4, const=0.023, knee=4.0, batched_hi=1.2e-3)
+DRAFT = DraftCost(form="forwards", kv=2e-6, batched=3e-4, const=0.009)
+OVH = (2e-3, 5e-5, 1e-4)  # per step, per request, per verified draft token
+
+
+def synthetic_rows(seed: int, steps: int = 600, noise: float = 0.01) -> list[tuple]:
+    """Steps of an engine with a draft model at k = 3: prefills of 1..16 prompts, then verify steps, timed
+    by the known surfaces above (the draft row holds the KV after the step and the drafts proposed)."""
+    rng = np.random.default_rng(seed)
+    rows: list[tuple] = []
+    k = 3
+    for _ in range(steps):
+        nr = int(rng.choice([1, 2, 4, 8, 16]))
+        if rng.random() < 0.1:
+            kv, bt, ns = 0, nr * int(rng.integers(20, 300)), 0
+        else:
+            kv, bt, ns = nr * int(rng.integers(20, 600)), nr * (k + 1), nr * k
+        jit = lambda: float(rng.normal(1.0, noise))  # noqa: E731
+        passes = k
+        d = passes * (DRAFT.kv * kv + DRAFT.const) + DRAFT.batched * (bt + (passes - 1) * nr)
+        o = OVH[0] + OVH[1] * nr + OVH[2] * ns
+        rows += [
+            ("target", kv, bt, ns, nr, float(TARGET.time(kv, bt)) * jit()),
+            ("draft:draft_model", kv + bt, bt, nr * k, nr, d * jit()),
+            ("overhead", kv, bt, ns, nr, o * jit()),
+        ]
+    return rows
+
+
+def test_forwards_and_overhead_fits_recover_a_known_surface(tmp_path: Path) -> None:
+    rows = synthetic_rows(0, noise=0.0)
+    a = np.array([r[1:] for r in rows if r[0] == "draft:draft_model"], dtype=float)
+    d = fit_forwards(a)
+    assert (d.kv, d.batched, d.const) == pytest.approx((DRAFT.kv, DRAFT.batched, DRAFT.const), rel=1e-6)
+    o = np.array([r[1:] for r in rows if r[0] == "overhead"], dtype=float)
+    assert fit_overhead_linear(o) == pytest.approx(OVH, rel=1e-6)
+    # through `speclab cost-models fit`'s function, and the profile's held-out choice on noisy timings
+    append_timings(tmp_path / "t.csv", synthetic_rows(1))
+    m, _ = fit_cost_model_report(tmp_path / "t.csv", draft_form="forwards", overhead_form="linear")
+    assert m.draft["draft_model"].form == "forwards"
+    assert m.draft["draft_model"].batched == pytest.approx(DRAFT.batched, rel=0.05)
+    assert m.overhead_per_spec_token == pytest.approx(OVH[2], rel=0.1)
+    fit = fit_timings_csv(tmp_path / "t.csv", "run")
+    chosen = {e.kind: e.form for e in fit.errors if e.chosen}
+    assert chosen["draft:draft_model"] == "forwards" and chosen["overhead"] == "linear"
+    err = {(e.kind, e.form): e for e in fit.errors}
+    assert err[("draft:draft_model", "forwards")].test_rows > 0  # scored on held-out chunks
+    assert (
+        err[("draft:draft_model", "forwards")].cell_abs_err
+        < err[("draft:draft_model", "linear")].cell_abs_err
+    )
+    assert err[("overhead", "linear")].cell_abs_err < err[("overhead", "mean")].cell_abs_err
+    with pytest.raises(ConfigError, match="overhead form"):
+        fit_cost_model_report(tmp_path / "t.csv", overhead_form="quadratic")
+
+
+def test_toml_loader_new_fields_and_old_files(tmp_path: Path) -> None:
+    m = CostModel(
+        name="x", target=TARGET, draft={"draft_model": DRAFT}, overhead_per_step=OVH[0],
+        overhead_per_request=OVH[1], overhead_per_spec_token=OVH[2],
+    )  # fmt: skip
+    p = tmp_path / "x.toml"
+    p.write_text(m.to_toml())
+    back = get_cost_model(str(p))
+    assert back.draft == m.draft and back.target == m.target
+    assert (back.overhead_per_step, back.overhead_per_request, back.overhead_per_spec_token) == OVH
+    # an old file (no new keys) loads as a constant overhead, and writes back without them
+    old = get_cost_model("llama3.1-8b-h100")
+    assert old.overhead_per_request == 0.0 and old.overhead_per_spec_token == 0.0
+    assert "per_request" not in old.to_toml()
+    assert old.overhead_time(np.array([1, 64]), np.array([0, 192])) == pytest.approx(old.overhead_per_step)
+    text = p.read_text()
+    bad = {
+        "const missing": (text.replace("const = 0.009\n", ""), "draft.draft_model.const: missing"),
+        "unknown key": (text.replace("batched = 0.0003", "num_spec = 0.0003"), "unknown key"),
+        "negative": (text.replace("per_request = 5e-05", "per_request = -1.0"), "out of range"),
+    }
+    for what, (t, msg) in bad.items():
+        p.write_text(t)
+        with pytest.raises(ConfigError, match=msg):
+            get_cost_model(str(p))
+        assert what
+
+
+@pytest.mark.parametrize("batching", ["replicate", "static", "continuous"])
+def test_fast_equals_reference_with_forwards_and_linear_overhead(batching: str) -> None:
+    base = get_cost_model("llama3.1-8b-h100")
+    cm = CostModel(
+        name="fw", target=base.target, draft={"ngram": base.draft["ngram"], "eagle": DRAFT},
+        overhead_per_step=1e-3, overhead_per_request=2e-4, overhead_per_spec_token=3e-4,
+    )  # fmt: skip
+    tr = random_traces(2, 9, nprop=True)
+    pols = ["none", "fixed:eagle:3", "fixed:ngram:2", "oracle:eagle", "adaptive-k:eagle:4"]
+    fast = simulate(tr, cm, pols, batching, [1, 3, 7])
+    ref = simulate(tr, cm, pols, batching, [1, 3, 7], engine="reference")
+    assert_same(fast, ref)
+
+
+def test_forwards_drafter_pays_at_prefill_steps() -> None:
+    """One request of 2 tokens at B=1: a prefill step then one SD step; the drafter runs k forwards in both
+    (the first pass over the prefill's tokens), and the overhead grows with the verified drafts."""
+    from speclab.traces import MethodTrace, RequestTrace
+
+    cm = CostModel(
+        name="fw", target=TARGET, draft={"draft_model": DRAFT}, overhead_per_step=1e-3,
+        overhead_per_spec_token=1e-4,
+    )  # fmt: skip
+    tr = [
+        RequestTrace(
+            id="a",
+            workload="w",
+            category="code-editing",
+            prompt_len=100,
+            output_len=2,
+            methods={"draft_model": MethodTrace(k_max=3, acc_len=np.array([1, 1]))},
+        )  # fmt: skip
+    ]
+    r = simulate(tr, cm, ["fixed:draft_model:3"], "continuous", [1])[0]
+    k = 3
+    prefill = k * DRAFT.const + DRAFT.batched * (100 + (k - 1))
+    step = k * (DRAFT.kv * 100 + DRAFT.const) + DRAFT.batched * ((k + 1) + (k - 1))
+    assert r.time_split_s["propose"] == pytest.approx(prefill + step)
+    assert r.time_split_s["overhead"] == pytest.approx(2e-3 + k * 1e-4)
