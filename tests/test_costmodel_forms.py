@@ -4,6 +4,7 @@ reference simulators charge them alike (a model drafter also pays at a step of p
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -142,3 +143,28 @@ def test_forwards_drafter_pays_at_prefill_steps() -> None:
     step = k * (DRAFT.kv * 100 + DRAFT.const) + DRAFT.batched * ((k + 1) + (k - 1))
     assert r.time_split_s["propose"] == pytest.approx(prefill + step)
     assert r.time_split_s["overhead"] == pytest.approx(2e-3 + k * 1e-4)
+
+
+def test_piecewise_sampled_term_recovered_and_loaded(tmp_path: Path) -> None:
+    """The piecewise target's per-sampled-position term (lm_head at every verified position): recovered
+    from timings generated with it, charged only where the caller passes sampled positions, saved only when
+    non-zero (older piecewise TOMLs load as sampled = 0)."""
+    from speclab.profile.fit import fit_piecewise
+
+    true = PiecewiseTargetCost(kv=4e-6, batched=0.0, const=0.023, knee=8.0, batched_hi=1.25e-3, sampled=3e-4)
+    rng = np.random.default_rng(5)
+    nr = rng.choice([1, 4, 16], 400).astype(float)
+    verify = rng.random(400) < 0.7
+    ns = np.where(verify, 3 * nr, 0.0)
+    bt = np.where(verify, 4 * nr, np.where(rng.random(400) < 0.2, nr * rng.integers(20, 300, 400), nr))
+    kv = rng.integers(0, 4000, 400).astype(float)
+    sec = np.asarray(true.time(kv, bt, nr + ns))
+    fit = fit_piecewise(kv, bt, sec, nr + ns)
+    assert fit.knee == 8.0 and fit.sampled == pytest.approx(3e-4, rel=1e-6)
+    assert float(true.time(100, 64)) < float(true.time(100, 64, 64))  # not charged without positions
+    m = CostModel(name="s", target=fit, overhead_per_step=0.0)
+    p = tmp_path / "s.toml"
+    p.write_text(m.to_toml())
+    assert get_cost_model(str(p)).target == fit
+    p.write_text(CostModel(name="o", target=replace(fit, sampled=0.0), overhead_per_step=0.0).to_toml())
+    assert "sampled" not in p.read_text() and get_cost_model(str(p)).target.sampled == 0.0

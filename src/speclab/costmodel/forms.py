@@ -8,8 +8,15 @@ above it by compute (each token costs its FLOPs). This is the shape seen on CPU 
     time = kv * kv_tokens + batched * min(batched_tokens, knee) + batched_hi * max(batched_tokens - knee, 0)
            + const
 
-With batched_hi == batched it is the linear form. The simulator only calls `time(kv, batched)` (vectorised),
-so any form here works everywhere a cost model is accepted.
+With batched_hi == batched it is the linear form. Optional `sampled` (default 0): seconds per position the
+target samples from (its lm_head and logits run there: one per request in a prefill or decode, k + 1 per
+request in a verify step), so verify tokens cost more than prefill tokens of the same count:
+
+    ... + sampled * (num_requests + num_spec_tokens)
+
+The simulator calls `time(kv, batched, sampled_positions)` (vectorised); a caller that does not know the
+sampled positions leaves them out and the term is not charged, so any form here works everywhere a cost model
+is accepted.
 """
 
 from __future__ import annotations
@@ -29,13 +36,16 @@ TARGET_FORMS = ("linear", "piecewise")
 class PiecewiseTargetCost(TargetCost):
     knee: float = 1.0
     batched_hi: float = 0.0
+    sampled: float = 0.0
     form = "piecewise"
 
-    def time(self, kv_tokens: Any, batched_tokens: Any) -> Any:
+    def time(self, kv_tokens: Any, batched_tokens: Any, sampled_positions: Any = None) -> Any:
         bt = np.asarray(batched_tokens, dtype=np.float64)
         lo = np.minimum(bt, self.knee)
         hi = np.maximum(bt - self.knee, 0.0)
         out = self.kv * kv_tokens + self.batched * lo + self.batched_hi * hi + self.const
+        if self.sampled and sampled_positions is not None:
+            out = out + self.sampled * np.asarray(sampled_positions, dtype=np.float64)
         return out if np.ndim(out) else float(out)
 
     def toml_lines(self) -> list[str]:
@@ -44,6 +54,7 @@ class PiecewiseTargetCost(TargetCost):
             *super().toml_lines(),
             f"knee = {float(self.knee)!r}",
             f"batched_hi = {float(self.batched_hi)!r}",
+            *([f"sampled = {float(self.sampled)!r}"] if self.sampled else []),
         ]
 
 
@@ -52,7 +63,9 @@ def target_from_toml(form: Any, table: dict[str, Any], where: str) -> TargetCost
     if form != "piecewise":
         raise ConfigError(f"{where}: field target.form: {form!r} not one of {', '.join(TARGET_FORMS)}")
     vals = {}
-    for key in ("kv", "batched", "const", "knee", "batched_hi"):
+    for key in ("kv", "batched", "const", "knee", "batched_hi", "sampled"):
+        if key == "sampled" and key not in table:
+            continue  # optional, 0
         v = table.get(key)
         if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v):
             raise ConfigError(f"{where}: field target.{key}: expected a number, got {v!r}")

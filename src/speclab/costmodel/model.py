@@ -57,7 +57,8 @@ class TargetCost:
     batched: float
     const: float
 
-    def time(self, kv_tokens: Any, batched_tokens: Any) -> Any:
+    def time(self, kv_tokens: Any, batched_tokens: Any, sampled_positions: Any = None) -> Any:
+        # sampled_positions: used by forms with a per-sampled-position term (speclab.costmodel.forms)
         return self.kv * kv_tokens + self.batched * batched_tokens + self.const
 
     def toml_lines(self) -> list[str]:
@@ -116,8 +117,10 @@ class CostModel:
             )
         return self.draft[method]
 
-    def target_time(self, kv_tokens: Any, batched_tokens: Any) -> Any:
-        return self.target.time(kv_tokens, batched_tokens)
+    def target_time(self, kv_tokens: Any, batched_tokens: Any, sampled_positions: Any = None) -> Any:
+        """One target forward; sampled_positions (requests + draft tokens verified) where the caller knows
+        them (forms that charge the lm_head per sampled position use it)."""
+        return self.target.time(kv_tokens, batched_tokens, sampled_positions)
 
     def overhead_time(self, num_requests: Any, spec_tokens: Any) -> Any:
         """The per-step overhead (everything but the target forward and drafting) of a step that schedules
@@ -131,7 +134,7 @@ class CostModel:
     def validate(self, where: str = "") -> CostModel:
         """Raise ConfigError unless every coefficient is usable (see the module docstring); returns self."""
         where = where or f"cost model {self.name!r}"
-        for k in (*_TARGET_KEYS, "batched_hi"):  # batched_hi: the piecewise form's (speclab.costmodel.forms)
+        for k in (*_TARGET_KEYS, "batched_hi", "sampled"):  # the piecewise form's (speclab.costmodel.forms)
             if hasattr(self.target, k):
                 _check_coef(getattr(self.target, k), f"{where}: field target.{k}")
         if self.target.batched + self.target.const <= 0:
@@ -193,7 +196,9 @@ class CostModel:
         if tgt_form != "linear":  # other forms (piecewise): speclab.costmodel.forms checks their fields
             from speclab.costmodel.forms import target_from_toml
 
-            _no_unknown(tgt_raw, ("form", *_TARGET_KEYS, "knee", "batched_hi"), f"{where}: field target")
+            _no_unknown(
+                tgt_raw, ("form", *_TARGET_KEYS, "knee", "batched_hi", "sampled"), f"{where}: field target"
+            )
             target: TargetCost = target_from_toml(tgt_form, tgt_raw, where)
         else:
             rest = {k: v for k, v in tgt_raw.items() if k != "form"}

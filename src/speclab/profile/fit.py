@@ -1,7 +1,8 @@
 """Fit a cost model to profiled cells and measure its error on the held-out cells.
 
 Target forward: the study's linear form (speclab.costmodel.fit, least squares) and the piecewise form
-(speclab.costmodel.forms; least squares on relative error, the knee chosen from a grid). Drafting per
+(speclab.costmodel.forms; least squares on relative error, the knee chosen from a grid), without and with its
+per-sampled-position term (lm_head; fitted on absolute error). Drafting per
 method: the registered forms that apply (lookup proposers: the study's verify fraction and linear; model
 drafters: linear, chained and forwards). Overhead per step: the mean of the training rows, or linear in the
 scheduled requests and the verified draft tokens. Each kind keeps the form with the lower error on the
@@ -63,19 +64,27 @@ def _arr(rows: list[TimingsRow]) -> np.ndarray:
     return np.asarray([r.values for r in rows], dtype=np.float64).reshape(-1, len(COLUMNS) - 1)
 
 
-def fit_piecewise(kv: np.ndarray, bt: np.ndarray, sec: np.ndarray) -> PiecewiseTargetCost:
-    """Least squares on relative error (each row weighted 1 / seconds), for every knee in KNEES."""
-    w = 1.0 / np.maximum(sec, 1e-9)
+def fit_piecewise(
+    kv: np.ndarray, bt: np.ndarray, sec: np.ndarray, sampled: np.ndarray | None = None
+) -> PiecewiseTargetCost:
+    """Least squares for every knee in KNEES. Without `sampled`: on relative error (each row weighted 1 /
+    seconds). With `sampled` (the rows' sampled positions, num_requests + num_spec_tokens): the form's
+    per-sampled-position term too, on absolute error, i.e. weighted by time, which is what a cell's summed
+    time (and so a throughput) depends on; the many short decode rows would otherwise outweigh the verify
+    rows that carry that term."""
+    w = 1.0 / np.maximum(sec, 1e-9) if sampled is None else np.ones_like(sec)
     best: tuple[float, PiecewiseTargetCost] | None = None
     for knee in KNEES:
-        x = np.column_stack([kv, np.minimum(bt, knee), np.maximum(bt - knee, 0.0), np.ones_like(kv)])
+        cols = [kv, np.minimum(bt, knee), np.maximum(bt - knee, 0.0), np.ones_like(kv)]
+        x = np.column_stack(cols if sampled is None else [*cols, sampled])
         if len(sec) < x.shape[1]:
             continue
         c = nonneg_lstsq(x * w[:, None], sec * w)  # a negative time per token is not a cost model
         sse = float((((x @ c) - sec) * w) ** 2 @ np.ones_like(sec))
         cand = PiecewiseTargetCost(
-            kv=float(c[0]), batched=float(c[1]), const=float(c[3]), knee=float(knee), batched_hi=float(c[2])
-        )
+            kv=float(c[0]), batched=float(c[1]), const=float(c[3]), knee=float(knee), batched_hi=float(c[2]),
+            sampled=float(c[4]) if sampled is not None else 0.0,
+        )  # fmt: skip
         if best is None or sse < best[0]:
             best = (sse, cand)
     if best is None:
@@ -143,9 +152,12 @@ def fit_profile(cells: list[CellTimings], name: str, description: str = "") -> P
     tr, te, tc_ = split("target")
     pw = fit_piecewise(tr[:, 0], tr[:, 1], tr[:, 4])
     cands: list[tuple[str, TargetCost]] = [("linear", lin.target), ("piecewise", pw)]
+    if len(tr) >= 5:
+        cands.append(("piecewise+sampled", fit_piecewise(tr[:, 0], tr[:, 1], tr[:, 4], tr[:, 3] + tr[:, 2])))
     scored = []
     for form, tc in cands:
-        m, t, c = _err(np.asarray(tc.time(te[:, 0], te[:, 1]), dtype=float), te[:, 4], tc_)
+        pred = tc.time(te[:, 0], te[:, 1], te[:, 3] + te[:, 2])  # sampled positions = requests + drafts
+        m, t, c = _err(np.asarray(pred, dtype=float), te[:, 4], tc_)
         scored.append(FormError("target", form, len(tr), len(te), m, t, c))
     pick = _pick(scored)
     target = dict(cands)[pick.form]

@@ -425,10 +425,10 @@ def step_costs(
     vt = np.bincount(keys, weights=vtok, minlength=G) + np.bincount(
         sch.start, weights=c * ta.prompt_len, minlength=G
     )
-    verify = cm.target_time(kv, vt)
     # requests scheduled in each step (running and prefilling, every copy) and draft tokens verified
     nreq = c * (np.bincount(keys, minlength=G) + np.bincount(sch.start, minlength=G))
     spec = np.bincount(keys, weights=spec_sum, minlength=G)
+    verify = cm.target_time(kv, vt, nreq + spec)
     draft = np.zeros(G)
     if study and policy.methods:
         draft = np.bincount(keys, weights=study_draft(st, policy, ta, cm, c, mc, verify[keys]), minlength=G)

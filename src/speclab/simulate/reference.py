@@ -145,7 +145,8 @@ def reference_timing(
                 tot["rsteps"] += copies
             for r in new:
                 vtok += copies * prompt[r.i]
-            verify = cm.target_time(kv, vtok)
+            nreq = copies * (len(running) + len(new))
+            verify = cm.target_time(kv, vtok, nreq + spec_tok)
             draft = 0.0
             if study:
                 draft = sum(
@@ -157,7 +158,6 @@ def reference_timing(
             if running and not study:  # probes run at every step of every running request
                 for name in policy.probes:
                     per_method.setdefault(name, []).append((0, 0, 0))
-            nreq = copies * (len(running) + len(new))
             if new and not study:  # a "forwards" drafter also runs in a step of prefills only
                 for name in {policy.charge_as or m for m in policy.methods}:
                     if cm.draft_for(name).form == "forwards":

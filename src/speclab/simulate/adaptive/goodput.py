@@ -21,7 +21,7 @@ def step_time(
 ) -> np.ndarray:
     """Estimated engine-step time when all `occ` sequences propose k drafts with `method` (None = off).
     k broadcasts against occ/kv (e.g. occ[:, None] with k[None, :])."""
-    verify = cm.target_time(kv, occ * (k + 1))
+    verify = cm.target_time(kv, occ * (k + 1), occ * (k + 1))
     t = verify + cm.overhead_time(occ, occ * k)
     for p in probes:  # probes run at every step whatever is chosen
         t = t + cm.draft_for(p).fraction * verify
