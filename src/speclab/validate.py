@@ -191,11 +191,10 @@ def _load_cost_model(run: Path, name: str | None, fit: str) -> tuple[CostModel, 
     return model, f"fitted from {path} (linear, as `speclab cost-models fit`)"
 
 
-def validate_run(
-    run: str | Path, cost_model: str | CostModel | None = None, fit: str = "linear"
-) -> Validation:
+def validate_run(run: str | Path, cost_model: str | CostModel | None = None, fit: str = "best") -> Validation:
     """See the module doc. cost_model: a CostModel, a name or path, or None to fit RUN/timings.csv (`fit`:
-    "linear" = `speclab cost-models fit`, "best" = the profile's choice of forms on held-out steps)."""
+    "best" = the profile's choice of forms on held-out steps, the default since it predicted the quiet
+    validate-cpu run's speedups 3x better (docs/validate.md); "linear" = `speclab cost-models fit`)."""
     run = Path(run)
     rows = read_rows(run)
     if isinstance(cost_model, CostModel):

@@ -13,8 +13,9 @@ import click
 @click.option(
     "--cost-model", default=None, help="Cost model name or .toml path (default: fitted from RUN/timings.csv)."
 )
-@click.option("--fit", type=click.Choice(["linear", "best"]), default="linear", show_default=True,
-              help="Without --cost-model: linear (as `cost-models fit`) or the profile's best forms.")  # fmt: skip
+@click.option("--fit", type=click.Choice(["linear", "best"]), default="best", show_default=True,
+              help="Without --cost-model: the profile's best forms on held-out steps, or linear (as "
+                   "`cost-models fit`).")  # fmt: skip
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
               help="Where to write the JSON (default: RUN/validation.json; '-' for stdout).")  # fmt: skip
 def command(run: str, cost_model: str | None, fit: str, json_out: str | None) -> None:
