@@ -231,3 +231,21 @@ def test_gated_job_protocol(tmp_path):
     t.start()
     assert list(gate_lines(gate, poll_s=0.01)) == ["c1", "c1#r2"]  # until "done"; blank lines skipped
     t.join()
+
+
+def test_single_run_with_a_contended_baseline_cannot_decide():
+    """Without repeats a speedup is one SD run over one no-SD run: if the baseline ran beside a competing
+    process, the ratio is inflated (slow baseline), so it must not back a confident verdict."""
+    base = {"cell_id": "none.w.cont.b1.x", "status": "ok", "label": "none", "method": "none", "k": None,
+            "target": "t", "dtype": "float32", "workload": "w", "batching": "continuous", "batch_size": 1,
+            "throughput_tok_s": 5.0, "speedup": 1.0, "host": {"loadavg_1m": BUSY, "cpus": 2}}  # fmt: skip
+    sd = dict(base, cell_id="ngram-k3.w.cont.b1.x", label="ngram-k3", method="ngram", k=3,
+              throughput_tok_s=9.0, speedup=1.8, baseline_cell_id=base["cell_id"],
+              host={"loadavg_1m": QUIET, "cpus": 2})  # fmt: skip
+    assert evidence(sd) == ("faster", 1.8, "one run")  # alone it looks quiet
+    kind, _, why = evidence(sd, base)
+    assert kind == "unsure" and "its no-SD baseline measured while other processes competed" in why
+    rec = _recs([base, sd])[("w", 1)]
+    assert rec["verdict"] == CANNOT_TELL and "baseline" in rec["why"]
+    base["host"] = {"loadavg_1m": QUIET, "cpus": 2}
+    assert _recs([base, sd])[("w", 1)]["verdict"] == "use SD"

@@ -158,29 +158,34 @@ def apply_pairs(row: dict[str, Any], baseline_row: dict[str, Any]) -> None:
         row["speedup"], row["speedup_spread"] = None, None
 
 
-def evidence(row: dict[str, Any]) -> tuple[str, float | None, str]:
+def evidence(
+    row: dict[str, Any], baseline_row: dict[str, Any] | None = None
+) -> tuple[str, float | None, str]:
     """Whether an SD row's speedup supports a verdict: ("faster" | "slower" | "unsure", the figure it rests
     on, why).
 
     With matched pairs, only pairs measured on a quiet machine count (a competing process shifts the SD/no-SD
     ratio, not only its spread): two or more quiet pairs decide when their spread lies on one side of 1.0,
     and the figure is their median; one quiet pair decides alone (a single measurement, as without repeats).
-    A row without pairs is one measurement and decides unless it was contended."""
+    A row without pairs is one measurement and decides unless it or its baseline (`baseline_row`, the no-SD
+    cell its speedup divides by) was contended: a slowed baseline inflates the speedup as much as a slowed
+    SD cell deflates it."""
     sp = row.get("speedup")
     if sp is None:
         return "unsure", None, "no speedup"
     pairs = row.get("speedup_runs")
     if not pairs:
-        if contended(row):
-            host = row.get("host") or {}
-            return (
-                "unsure",
-                sp,
-                (
-                    "one run, measured while other processes competed for the CPUs (load average "
-                    f"{host.get('loadavg_1m')} on {host.get('cpus')} CPUs, CPU pressure {row_pressure(row)})"
-                ),
-            )
+        for what, r in (("", row), ("its no-SD baseline ", baseline_row)):
+            if r is not None and contended(r):
+                host = r.get("host") or {}
+                return (
+                    "unsure",
+                    sp,
+                    (
+                        f"one run, {what}measured while other processes competed for the CPUs (load average "
+                        f"{host.get('loadavg_1m')} on {host.get('cpus')} CPUs, CPU pressure {row_pressure(r)})"
+                    ),
+                )
         return ("faster" if sp >= 1.0 else "slower"), sp, "one run"
     quiet = [p["speedup"] for p in pairs if not p.get("contended")]
     if not quiet:

@@ -10,7 +10,8 @@ Logic (also in docs/report.md):
 3. A best speedup in [1.00, 1.05) is flagged "marginal": within run-to-run noise, SD may not be worth it.
 4. Noise (measured cells): a verdict must rest on a figure the noise supports (`bench.repeats.evidence`).
    With repeats, only matched pairs measured on a quiet machine count, and their spread must lie on one
-   side of 1.00x; a single run counts unless the cell was contended (load average above the CPU count).
+   side of 1.00x; a single run counts unless the cell or its no-SD baseline was contended (CPU pressure,
+   else the load average; bench.repeats.load_is_contended).
    "use SD" needs one such candidate above 1.00x (the best of them is recommended), "SD off" needs every
    candidate below; anything else is "cannot tell", with why.
 """
@@ -42,10 +43,16 @@ def _spread(r: dict[str, Any]) -> str | None:
     return f"{sp['min']:.2f}-{sp['max']:.2f} (n={sp.get('n')})"
 
 
-def _measured(key: tuple[str, str, int], cands: list[tuple[float, str, dict[str, Any]]]) -> dict[str, Any]:
-    """A measured recommendation that only says on or off where the noise supports it."""
+def _measured(
+    key: tuple[str, str, int],
+    cands: list[tuple[float, str, dict[str, Any]]],
+    by_id: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A measured recommendation that only says on or off where the noise supports it (by_id: rows by cell
+    id, to find each candidate's no-SD baseline: a contended baseline voids a single run's speedup too)."""
     ranked = sorted(cands, key=lambda c: c[0], reverse=True)
-    ev = {label: evidence(r) for _, label, r in ranked}
+    by_id = by_id or {}
+    ev = {label: evidence(r, by_id.get(str(r.get("baseline_cell_id")))) for _, label, r in ranked}
     faster = sorted(((ev[lb][1], lb) for _, lb, _ in ranked if ev[lb][0] == "faster"), reverse=True)
     if faster:
         rest = [(sp, lb) for sp, lb, _ in ranked if ev[lb][0] != "faster"]
@@ -102,8 +109,9 @@ def recommendations(
         cells[(wl, str(r.get("batching", "replicate")), int(r["batch_size"]))].append(
             (float(r["speedup"]), label, r)
         )
+    by_id = {str(r.get("cell_id")): r for _, r in ok}
     for key, vals in cells.items():
-        recs[key] = _measured(key, vals)
+        recs[key] = _measured(key, vals, by_id)
     for g in (oracle_gap or {}).get("rows") or []:
         key = (str(g["workload"]), str(g["batching"]), int(g["batch_size"]))
         if key in recs:
