@@ -249,3 +249,35 @@ def test_single_run_with_a_contended_baseline_cannot_decide():
     assert rec["verdict"] == CANNOT_TELL and "baseline" in rec["why"]
     base["host"] = {"loadavg_1m": QUIET, "cpus": 2}
     assert _recs([base, sd])[("w", 1)]["verdict"] == "use SD"
+
+
+def test_compare_recommendations_classifies_each_cell():
+    from speclab.report.recommend import compare_recommendations
+
+    def rec(b: int, verdict: str, recommend: str, wl: str = "w") -> dict:
+        return {"workload": wl, "batching": "continuous", "batch_size": b, "verdict": verdict,
+                "recommend": recommend}  # fmt: skip
+
+    quiet = [rec(1, "use SD", "ngram-k3"), rec(4, "use SD", "ngram-k3"), rec(8, "SD off", "SD off"),
+             rec(16, "SD off", "SD off"), rec(32, CANNOT_TELL, CANNOT_TELL), rec(64, "use SD", "ngram-k3"),
+             rec(2, "use SD", "ngram-k3")]  # fmt: skip
+    other = [rec(1, "use SD", "ngram-k3"), rec(4, CANNOT_TELL, CANNOT_TELL), rec(8, "use SD", "ngram-k3"),
+             rec(16, "SD off", "SD off"), rec(32, "use SD", "ngram-k3"), rec(64, "marginal", "ngram-k3"),
+             rec(128, "use SD", "x")]  # fmt: skip
+    got = {r["batch_size"]: r["outcome"] for r in compare_recommendations(quiet, other)}
+    assert got == {1: "same", 2: "missing", 4: "cannot tell", 8: "WRONG", 16: "same", 32: "WRONG",
+                   64: "differs", 128: "missing"}  # fmt: skip
+
+
+def test_contended_repeats_end_in_cannot_tell_not_a_wrong_verdict():
+    """The check's expected outcome in miniature: the quiet run's pairs say 'use SD'; the same cells measured
+    beside a CPU hog (every pair contended, speedups shifted either way) say 'cannot tell'."""
+    from speclab.report.recommend import compare_recommendations
+
+    base_q = row("none", "none", [10.0, 10.0, 10.0])
+    quiet = [base_q, paired(base_q, row("ngram-k3", "ngram", [15.0, 16.0, 15.5]))]
+    base_c = row("none", "none", [4.0, 7.0, 5.0], loads=[BUSY] * 3)
+    busy = [base_c, paired(base_c, row("ngram-k3", "ngram", [3.0, 4.0, 9.0], loads=[BUSY] * 3))]
+    cmp = compare_recommendations(recommendations(quiet, None), recommendations(busy, None))
+    assert [c["outcome"] for c in cmp] == ["cannot tell"]
+    assert cmp[0]["quiet"] == "use SD (ngram-k3)"

@@ -160,3 +160,37 @@ def headline(recs: list[dict[str, Any]]) -> list[str]:
         ]
         lines.append(f"{wl}: " + "; ".join(parts) + ".")
     return lines
+
+
+def _direction(verdict: str) -> str | None:
+    return {"use SD": "on", "marginal": "on", "SD off": "off"}.get(verdict)
+
+
+def compare_recommendations(quiet: list[dict[str, Any]], other: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Cell by cell (workload, batching, batch size), the verdicts of a run measured beside a competing
+    process (`other`) against a quiet run's. outcome: "same" (same verdict and recommendation), "cannot
+    tell" (the other run says it cannot tell), "differs" (both confident and on the same side, SD on or off,
+    but another method or strength), "WRONG" (the other side of on/off, or confident where the quiet run
+    could not tell), "missing" (a cell in only one run)."""
+    key = lambda r: (r["workload"], r["batching"], int(r["batch_size"]))  # noqa: E731
+    q, o = {key(r): r for r in quiet}, {key(r): r for r in other}
+    out = []
+    for k in sorted(set(q) | set(o)):
+        a, b = q.get(k), o.get(k)
+        row = {
+            "workload": k[0], "batching": k[1], "batch_size": k[2],
+            "quiet": None if a is None else f"{a['verdict']} ({a['recommend']})",
+            "other": None if b is None else f"{b['verdict']} ({b['recommend']})",
+        }  # fmt: skip
+        if a is None or b is None:
+            row["outcome"] = "missing"
+        elif b["verdict"] == CANNOT_TELL:
+            row["outcome"] = "cannot tell"
+        elif a["verdict"] == b["verdict"] and a["recommend"] == b["recommend"]:
+            row["outcome"] = "same"
+        elif _direction(a["verdict"]) is not None and _direction(a["verdict"]) == _direction(b["verdict"]):
+            row["outcome"] = "differs"
+        else:
+            row["outcome"] = "WRONG"
+        out.append(row)
+    return out
