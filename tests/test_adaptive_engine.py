@@ -71,7 +71,9 @@ def test_adaptive_proposer_token_exact_and_switches_off(tmp_path: Path) -> None:
             rej = sum(d - a for d, a in zip(r.per_step_drafted or [], r.per_step_accepted or [], strict=True))
             if r.id in chat_ids:
                 # what static n-gram k=8 would have drafted and lost on the same output
-                acc, npr = NgramProposer(max_model_len=2048).replay(np.array(pid[r.id]), np.array(ref[r.id]), K)
+                acc, npr = NgramProposer(max_model_len=2048).replay(
+                    np.array(pid[r.id]), np.array(ref[r.id]), K
+                )
                 static_rej += sum(d - a for _, a, d in expected_engine_steps(acc, npr, K))
                 adaptive_rej += rej
             else:

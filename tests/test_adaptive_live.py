@@ -22,7 +22,10 @@ def cpu_like() -> CostModel:
     return CostModel(
         "test-cpu",
         TargetCost(kv=1e-7, batched=1.6e-3, const=2.6e-2),
-        {"ngram": DraftCost("verify_fraction", fraction=0.01), "suffix": DraftCost("verify_fraction", fraction=0.01)},
+        {
+            "ngram": DraftCost("verify_fraction", fraction=0.01),
+            "suffix": DraftCost("verify_fraction", fraction=0.01),
+        },
         overhead_per_step=2e-3,
     )
 
@@ -30,11 +33,10 @@ def cpu_like() -> CostModel:
 def play(driver: AdaptiveDriver, reqs: list[tuple[list[int], list[int]]], batch: int, order_seed: int = 0):
     """Run requests (prompt, target output) through the driver like vLLM with continuous batching at most
     `batch` at once; rows are shuffled every step (compaction). Returns per request the list of
-    (drafted, accepted) per step and every draft list per step."""
+    (drafted, accepted) of its steps that drafted."""
     rng = np.random.default_rng(order_seed)
     waiting = list(range(len(reqs)))
     running: dict[int, list[int]] = {}  # request -> committed tokens so far (prompt + output)
-    last_draft: dict[int, list[int]] = {}
     sampled: dict[int, list[int]] = {}
     log: dict[int, list[tuple[int, int]]] = {i: [] for i in range(len(reqs))}
     for _ in range(10_000):
@@ -43,7 +45,6 @@ def play(driver: AdaptiveDriver, reqs: list[tuple[list[int], list[int]]], batch:
             p, o = reqs[i]
             running[i] = list(p) + [o[0]]  # prefill produced output[0]
             sampled[i] = [o[0]]
-            last_draft[i] = []
         if not running:
             break
         ids = list(running)
@@ -118,13 +119,16 @@ def test_incremental_ngram_equals_speclab_ngram(seed: int) -> None:
 
 
 def test_hindsight_bookkeeping_matches_replay() -> None:
-    """Across steps, the acc_len recorded at every probed position equals the n-gram replay's acc_len there
-    (k_max = KMAX) once the output is known, and so does the offer; the policy is told the accepted counts
-    the engine's formula gives (len(sampled) - 1 after a draft)."""
-    d = make()
+    """Across steps, the acc_len and offer recorded at every probed position (position 0 included) equal
+    the per-position replay's (k_max = KMAX) once the output is known, for both probes; the policy is told
+    the accepted counts of the engine's formula (len(sampled) - 1 after a draft)."""
+    pytest.importorskip("arctic_inference")
+    from speclab.methods.suffix import SuffixSpeculator
+
+    d = make(methods=("ngram", "suffix"), suffix={"max_cached_requests": 0})
     prompt, out = copy_request(1)
     seen: dict[str, object] = {}
-    probed: set[int] = set()
+    probed: set[int] = {0}
     observed: list[tuple[int, int]] = []
     step, observe = d.step, d.policy.observe
 
@@ -132,7 +136,7 @@ def test_hindsight_bookkeeping_matches_replay() -> None:
         r = step(s, n, t)
         for reqs in d._reqs.values():
             for q in reqs:
-                seen["h"] = q.hist["ngram"]
+                seen["r"] = q
                 probed.add(q.hist["ngram"].last[0])
         return r
 
@@ -143,14 +147,17 @@ def test_hindsight_bookkeeping_matches_replay() -> None:
     d.step = spy  # type: ignore[method-assign]
     d.policy.observe = spy_observe  # type: ignore[method-assign]
     log = play(d, [(prompt, out)], batch=1)
-    h = seen["h"]
-    acc_replay, nprop = NgramProposer(max_model_len=MAX_LEN).replay(np.array(prompt), np.array(out), 8)
-    known = len(h.acc)  # type: ignore[attr-defined]
-    exact = sorted(q for q in probed if q + 8 < known)
-    assert len(exact) > 5
-    for q in exact:
-        assert h.acc[q] == acc_replay[q], (q, h.acc[q], acc_replay[q])  # type: ignore[attr-defined]
-        assert h.off[q] == nprop[q]  # type: ignore[attr-defined]
+    req = seen["r"]
+    replays = {
+        "ngram": NgramProposer(max_model_len=MAX_LEN).replay(np.array(prompt), np.array(out), 8),
+        "suffix": SuffixSpeculator(max_cached_requests=0).replay(prompt, out, 8, max_model_len=MAX_LEN),
+    }
+    for meth, (acc_replay, nprop) in replays.items():
+        h = req.hist[meth]  # type: ignore[attr-defined]
+        exact = sorted(q for q in probed if q + 8 < len(h.acc))
+        assert len(exact) > 5 and exact[0] == 0
+        for q in exact:
+            assert (h.acc[q], h.off[q]) == (acc_replay[q], nprop[q]), (meth, q)
     # every draft but the last (its outcome arrives after the request left) was reported with its outcome
     assert observed == log[0][: len(observed)] and len(observed) >= len(log[0]) - 1
     assert sum(a for _, a in log[0]) > 0
@@ -256,3 +263,23 @@ def test_vllm_adapter_reads_options(monkeypatch: pytest.MonkeyPatch) -> None:
     model = "speclab.methods.vllm_custom.SpeclabAdaptiveProposer"
     got = adapter_options({"model": model, "proposer_options": {"kmax": 4, "ngram": {"min_n": 2}}})
     assert got == {"model": model, "kmax": 4, "ngram": {"min_n": 2}}
+
+
+def test_crosscheck_refuses_adaptive_with_a_reason() -> None:
+    from speclab.methods.catalog import trace_method_name
+    from speclab.replay.runs import replay_spec
+
+    name = trace_method_name("custom_class", {"model": "speclab.methods.vllm_custom.SpeclabAdaptiveProposer"})
+    assert name == "custom:SpeclabAdaptiveProposer"
+    why = replay_spec(name, {}, {})
+    assert isinstance(why, str) and "live batch" in why
+
+
+def test_sweep_preset_parses() -> None:
+    from speclab.bench.spec import load_preset
+
+    sw = load_preset("adaptive-cpu")
+    labels = {m.label for m in sw.methods}
+    assert {"none", "ngram-k3", "ngram-k5", "suffix-k8", "adaptive"} <= labels
+    assert any(lb.startswith("schedule") for lb in labels)
+    assert sw.repeats == 3 and sw.dtype == "float32" and sw.batch_sizes == [1, 4, 16]

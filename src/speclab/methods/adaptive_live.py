@@ -182,7 +182,9 @@ class AdaptiveDriver:
         self.policy = pol
         self.methods = methods
         self._cap = _CAPACITY
-        pol.begin(PolicyContext(num_requests=self._cap, batch_size=0, k_max=dict.fromkeys(methods, self.kmax)))
+        pol.begin(
+            PolicyContext(num_requests=self._cap, batch_size=0, k_max=dict.fromkeys(methods, self.kmax))
+        )
         self._free: list[int] = []
         self._next_slot = 0
         self.probes: dict[str, Callable[[_Request, np.ndarray, Sequence[int], int], np.ndarray]] = {}
@@ -190,7 +192,9 @@ class AdaptiveDriver:
             o = dict(ngram or {})
             self.min_n, self.max_n = int(o.pop("min_n", NGRAM_MIN_N)), int(o.pop("max_n", NGRAM_MAX_N))
             if not 1 <= self.min_n <= self.max_n:
-                raise ConfigError(f"adaptive proposer: ngram needs 1 <= min_n <= max_n, got {self.min_n}, {self.max_n}")
+                raise ConfigError(
+                    f"adaptive proposer: ngram needs 1 <= min_n <= max_n, got {self.min_n}, {self.max_n}"
+                )
             if o:
                 raise ConfigError(f"adaptive proposer: unknown ngram option(s): {', '.join(sorted(o))}")
             self.probes["ngram"] = self._probe_ngram
@@ -214,8 +218,36 @@ class AdaptiveDriver:
     def _probe_suffix(self, req: _Request, row: np.ndarray, sampled: Sequence[int], n: int) -> np.ndarray:
         if req.suffix_id is None:
             req.suffix_id = self._suffix.new_id()
-        d = self._suffix.step(req.suffix_id, row[: n - len(sampled)], sampled, row, self.kmax, self.max_model_len)
+        d = self._suffix.step(
+            req.suffix_id, row[: n - len(sampled)], sampled, row, self.kmax, self.max_model_len
+        )
         return np.asarray(d, dtype=np.int32)
+
+    def _probe_prompt(self, req: _Request, row: np.ndarray, plen: int) -> None:
+        """A new request's position 0 (context = the prompt; its token came from prefill): what each probe
+        would have drafted there, so hindsight starts at position 0 as in a replayed trace."""
+        if "ngram" in self.probes:
+            req.ngram = IncrementalNgram(self.min_n, self.max_n, self.max_model_len)
+            req.ngram.extend(row[:plen].tolist())
+            req.hist["ngram"].last = (0, req.ngram.propose(self.kmax))
+        if "suffix" in self.probes:
+            # as the suffix replay does at position 0: the request enters the cache with its prompt and
+            # speculates once before its first token is added (SuffixSpeculator.step continues from here)
+            sp = self._suffix
+            req.suffix_id = sp.new_id()
+            prompt = np.ascontiguousarray(row[:plen], dtype=np.int32)
+            sp.cache.start_request(req.suffix_id, prompt)
+            limit = self.kmax if self.max_model_len is None else min(self.kmax, self.max_model_len - plen - 1)
+            d: Any = []
+            if limit > 0:
+                d = sp.cache.speculate(
+                    req.suffix_id,
+                    prompt[max(0, plen - sp.max_tree_depth) :],
+                    max_spec_tokens=limit,
+                    max_spec_factor=sp.max_spec_factor,
+                    min_token_prob=sp.min_token_prob,
+                ).token_ids
+            req.hist["suffix"].last = (0, np.asarray(d, dtype=np.int32))
 
     # --- request slots ---------------------------------------------------------------------------------
     def _new_request(self, prompt_len: int) -> _Request:
@@ -263,6 +295,7 @@ class AdaptiveDriver:
                     obs.append((req.slot, req.last_method, req.last_k, min(m - 1, req.last_k)))
             else:
                 req = self._new_request(n - m)
+                self._probe_prompt(req, row, n - m)
             new_reqs.setdefault(ctx_key(row), []).append(req)
             out_tok = row[req.prompt_len :]
             pos = n - req.prompt_len
@@ -287,6 +320,11 @@ class AdaptiveDriver:
             a = np.array(obs, dtype=np.int64)
             self.policy.observe(StepOutcome(req=a[:, 0], method=a[:, 1], k=a[:, 2], accepted=a[:, 3]))
         if not live:
+            return out
+        if not any(len(req.hist[m].last[1]) for _, req, _ in live for m in self.methods):  # type: ignore[index]
+            # nothing offered by any probe: every option drafts nothing, so the rule's answer is "off"
+            # for all rows (its survival is 0 beyond the offer); skip computing it
+            self.counts["off"] += len(live)
             return out
         meth, k = self.policy.decide(self._view(live, rows, kv))
         for (i, req, _), j, kk in zip(live, meth.tolist(), k.tolist(), strict=True):
