@@ -1,7 +1,7 @@
 """The live adaptive proposer inside a real vLLM engine (fp32, greedy), through speclab's worker: outputs
 token-exact against no SD at B = 1 and 2; long drafts on code-edit prompts, where they are accepted; on chat
-prompts, where drafts are mostly rejected, short and rare drafts: far fewer lost tokens than static suffix
-decoding at the same KMAX would lose on the same outputs."""
+prompts, where drafts are rejected, off on most steps and short tries on the others: fewer lost tokens than
+static suffix decoding at the same KMAX would lose on the same outputs."""
 
 from __future__ import annotations
 
@@ -94,10 +94,11 @@ def test_adaptive_proposer_token_exact_and_switches_off(tmp_path: Path) -> None:
     print("adaptive (steps, drafted, accepted, tokens):", tally, "static rejected at k=8:", static)
     chat, code = tally["chat"], tally["code"]
     assert code[2] > 0 and code[1] / code[0] >= 3  # long drafts where they are accepted (code edits)
-    # where drafts are rejected (chat) it drafts short and rarely: far fewer losses than static suffix at KMAX,
-    # at most one rejected token per three generated
+    # where drafts are rejected (chat) it is off on most steps and tries short drafts: it loses fewer tokens
+    # than static suffix at KMAX would on the same outputs, and at most one per four generated
+    chat_steps = chat[3] - 4 - chat[2]  # decode steps: every step commits accepted + 1 tokens after prefill
     chat_rej = chat[1] - chat[2]
     assert static["suffix"] > 0, "premise: static suffix loses drafts on these chat prompts"
-    assert chat_rej <= 0.5 * static["suffix"], (chat_rej, static)
-    assert chat_rej <= chat[3] / 3, (chat_rej, chat[3])
-    assert chat[1] / max(chat[0], 1) < code[1] / code[0]
+    assert chat[0] <= 0.3 * chat_steps, (chat[0], chat_steps)
+    assert chat[1] / max(chat[0], 1) <= 2.0 < code[1] / code[0]
+    assert chat_rej < static["suffix"] and chat_rej <= chat[3] / 4, (chat_rej, static, chat[3])
