@@ -13,6 +13,11 @@ keys, so proposer options come from the environment variable SPECLAB_PROPOSER_OP
 The adapters call the same code the replay uses (speclab.methods.ngram `propose`, speclab.methods.suffix
 `SuffixSpeculator.step`, itself arctic-inference's cache as vLLM's built-in `suffix` runs it), so a replayed
 trace and a live run cannot drift apart; `speclab trace crosscheck` checks it on real runs.
+
+`SpeclabAdaptiveProposer` chooses per step and per row among those two proposers and how many drafts (0..K),
+with the simulator's `adaptive` policy (speclab.methods.adaptive_live; docs/adaptive.md), options
+'{"methods": ["ngram", "suffix"], "kmax": 8, "cost_model": "smollm2-135m-cpu", "ngram": {...},
+"suffix": {...}}' (all optional).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from speclab.methods.ngram import NgramProposer
 from speclab.methods.suffix import SuffixSpeculator, suffix_options
 
 OPTIONS_ENV = "SPECLAB_PROPOSER_OPTIONS"
+ADAPTIVE_KEYS = ("methods", "kmax", "cost_model", "policy", "ngram", "suffix")
 
 
 def _options(method: str) -> dict[str, Any]:
@@ -42,6 +48,8 @@ def _options(method: str) -> dict[str, Any]:
 
 
 def _for_method(opts: dict[str, Any], method: str) -> dict[str, Any]:
+    if method == "adaptive":  # its options hold per-proposer tables of their own ("ngram", "suffix")
+        return dict(opts.get("adaptive", opts))
     if any(k in opts for k in ("ngram", "suffix")):
         opts = opts.get(method) or {}
     return dict(opts)
@@ -151,3 +159,42 @@ class SpeclabSuffixProposer(_Base):
         self.spec.stop_missing(seen)
         self.ids = ids
         return out
+
+
+class SpeclabAdaptiveProposer(_Base):
+    """The `adaptive` policy live: per step and row, n-gram or suffix drafts (speclab's code for both) or
+    none, and how many, from each request's hindsight, the proposers' current offers and the live batch
+    (speclab.methods.adaptive_live). KMAX = the engine's num_speculative_tokens unless `kmax` is smaller."""
+
+    method = "adaptive"
+
+    def __init__(self, vllm_config: Any) -> None:
+        super().__init__(vllm_config)
+        from speclab.methods.adaptive_live import DEFAULT_COST_MODEL, LIVE_METHODS, AdaptiveDriver
+
+        o = self.options
+        bad = sorted(set(o) - set(ADAPTIVE_KEYS))
+        if bad:
+            raise ValueError(f"{OPTIONS_ENV}: unknown adaptive option(s) {bad} (have {list(ADAPTIVE_KEYS)})")
+        kmax = int(o.get("kmax", self.k))
+        if not 1 <= kmax <= self.k:
+            raise ValueError(f"{OPTIONS_ENV}: kmax={kmax} must lie in 1..num_speculative_tokens ({self.k})")
+        self.driver = AdaptiveDriver(
+            kmax=kmax,
+            max_model_len=self.max_model_len,
+            methods=tuple(o.get("methods", LIVE_METHODS)),
+            cost_model=str(o.get("cost_model", DEFAULT_COST_MODEL)),
+            policy=str(o.get("policy", "adaptive")),
+            ngram=o.get("ngram"),
+            suffix=o.get("suffix"),
+        )
+
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings: Any = None,
+        **_: Any,
+    ) -> list[list[int]]:
+        return self.driver.step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)

@@ -20,6 +20,14 @@ from speclab.methods.suffix import SuffixSpeculator, suffix_options
 from speclab.traces import RequestTrace
 
 SUFFIX_METHODS = ("suffix", "custom:SpeclabSuffixProposer")
+ADAPTIVE_METHOD = "custom:SpeclabAdaptiveProposer"
+# The adaptive proposer's drafts at a step depend on the live batch (occupancy, KV) and on every earlier
+# step's outcome of the request, so no per-position trace of one proposer predicts them; its token-exactness
+# is checked against no SD by the bench and its decisions by tests/test_adaptive_live.py.
+ADAPTIVE_REFUSAL = (
+    "the adaptive proposer chooses method and k per step from the live batch and its own past outcomes: "
+    "not replayable per request (its outputs are checked token-exact against no SD instead)"
+)
 OLD_TRIE_OPTIONS = ("max_depth", "max_match", "min_prob", "spec_factor", "use_global")
 
 
@@ -57,6 +65,8 @@ def replay_spec(
             "max_model_len": cli.get("max_model_len"),
             "threads": cli.get("threads"),
         }
+    if method == ADAPTIVE_METHOD:
+        return ADAPTIVE_REFUSAL
     return f"no speclab replay for {method!r}"
 
 

@@ -1,0 +1,69 @@
+"""Judge an `adaptive-cpu` bench run against issue 12 item 4's bar, per workload and batch size:
+
+    .venv/bin/python benchmarks/check_adaptive.py RUN [--label adaptive]
+
+For each (workload, B): the adaptive entry's median speedup over no SD with its spread (min-max of the
+matched-pair ratios), the best static entry (every other SD label except vLLM's schedule) and the schedule
+entry (labels starting with "schedule"), and whether adaptive is >= both and >= 0.98x, and token-exact.
+Medians are the bench's own (repeat i of SD over repeat i of no SD). On a loaded machine the verdict is
+noise: run it on a quiet one (docs/bench.md, "Noise").
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from speclab.bench.results import parse_rows
+
+
+def _fmt(r: dict[str, Any] | None) -> str:
+    if r is None or r.get("speedup") is None:
+        return "-"
+    s = r.get("speedup_spread") or {}
+    rng = f" [{s['min']:.2f}-{s['max']:.2f}]" if s.get("min") is not None else ""
+    return f"{r['speedup']:.3f}x{rng}"
+
+
+def judge(rows: dict[str, dict[str, Any]], label: str = "adaptive") -> tuple[list[str], bool]:
+    cells: dict[tuple[str, int], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in rows.values():
+        if r.get("status") == "ok" and r.get("method") != "none":
+            cells[(r["workload"], int(r["batch_size"]))][r.get("label") or r["method"]] = r
+    lines = ["| workload | B | adaptive | best static | vLLM schedule | >= static | >= schedule | >= 0.98x | exact |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    ok_all = True
+    for (wl, b), by in sorted(cells.items()):
+        ad = by.get(label)
+        static = {k: v for k, v in by.items() if k != label and not k.startswith("schedule")}
+        sched = next((v for k, v in by.items() if k.startswith("schedule")), None)
+        best_k = max(static, key=lambda k: static[k].get("speedup") or 0.0) if static else None
+        best = static.get(best_k) if best_k else None
+        sp = (ad or {}).get("speedup")
+        ge_static = sp is not None and (best is None or sp >= (best.get("speedup") or 0.0))
+        ge_sched = sp is not None and (sched is None or sp >= (sched.get("speedup") or 0.0))
+        ge_098 = sp is not None and sp >= 0.98
+        exact = bool(ad and ad.get("lossless"))
+        ok_all &= ge_static and ge_sched and ge_098 and exact
+        yes = {True: "yes", False: "NO"}
+        lines.append(
+            f"| {wl} | {b} | {_fmt(ad)} | {best_k or '-'} {_fmt(best)} | {_fmt(sched)} | {yes[ge_static]} | "
+            f"{yes[ge_sched]} | {yes[ge_098]} | {yes[exact]} |"
+        )
+    return lines, ok_all
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--label", default="adaptive")
+    a = ap.parse_args()
+    lines, ok = judge(parse_rows(a.run / "results.jsonl"), a.label)
+    print("\n".join(lines))
+    print("all criteria met" if ok else "some criteria NOT met (see NO above)")
+
+
+if __name__ == "__main__":
+    main()

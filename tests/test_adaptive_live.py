@@ -1,0 +1,285 @@
+"""The live adaptive proposer (speclab.methods.adaptive_live, vllm_custom.SpeclabAdaptiveProposer) driven
+with fake vLLM inputs: a small loop that plays the engine (rows compacted, committed tokens = accepted
+drafts + one, greedy target = a fixed output per request)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from speclab.costmodel.model import CostModel, DraftCost, TargetCost
+from speclab.methods.adaptive_live import AdaptiveDriver, IncrementalNgram
+from speclab.methods.ngram import NgramProposer
+
+MAX_LEN = 4096
+
+
+def cpu_like() -> CostModel:
+    # the shape of the CPU preset: a verified token costs ~6% of a decode step at batch 1
+    return CostModel(
+        "test-cpu",
+        TargetCost(kv=1e-7, batched=1.6e-3, const=2.6e-2),
+        {
+            "ngram": DraftCost("verify_fraction", fraction=0.01),
+            "suffix": DraftCost("verify_fraction", fraction=0.01),
+        },
+        overhead_per_step=2e-3,
+    )
+
+
+def play(driver: AdaptiveDriver, reqs: list[tuple[list[int], list[int]]], batch: int, order_seed: int = 0):
+    """Run requests (prompt, target output) through the driver like vLLM with continuous batching at most
+    `batch` at once; rows are shuffled every step (compaction). Returns per request the list of
+    (drafted, accepted) of its steps that drafted."""
+    rng = np.random.default_rng(order_seed)
+    waiting = list(range(len(reqs)))
+    running: dict[int, list[int]] = {}  # request -> committed tokens so far (prompt + output)
+    sampled: dict[int, list[int]] = {}
+    log: dict[int, list[tuple[int, int]]] = {i: [] for i in range(len(reqs))}
+    for _ in range(10_000):
+        while waiting and len(running) < batch:
+            i = waiting.pop(0)
+            p, o = reqs[i]
+            running[i] = list(p) + [o[0]]  # prefill produced output[0]
+            sampled[i] = [o[0]]
+        if not running:
+            break
+        ids = list(running)
+        rng.shuffle(ids)
+        table = np.zeros((len(ids), MAX_LEN), np.int32)
+        nt = np.zeros(len(ids), np.int32)
+        for r, i in enumerate(ids):
+            table[r, : len(running[i])] = running[i]
+            nt[r] = len(running[i])
+        drafts = driver.step([sampled[i] for i in ids], nt, table)
+        assert len(drafts) == len(ids)
+        for r, i in enumerate(ids):
+            d = drafts[r]
+            assert len(d) <= driver.kmax
+            p, o = reqs[i]
+            pos = len(running[i]) - len(p)
+            a = 0
+            while a < len(d) and pos + a < len(o) and d[a] == o[pos + a]:
+                a += 1
+            if d:
+                log[i].append((len(d), a))
+            new = o[pos : pos + a + 1]
+            running[i].extend(new)
+            sampled[i] = new
+            if len(running[i]) - len(p) >= len(o):
+                del running[i]
+    return log
+
+
+def copy_request(seed: int, n: int = 120) -> tuple[list[int], list[int]]:
+    """A code-edit-like request: the output copies long spans of the prompt."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(100, 5000, size=200).tolist()
+    out = prompt[20:80] + rng.integers(100, 5000, size=10).tolist() + prompt[100:150]
+    return prompt, out[:n]
+
+
+def rejecting_request(seed: int, n: int = 120) -> tuple[list[int], list[int]]:
+    """Every 3-gram `1 2 3` recurs with a new continuation: n-gram offers drafts there and they are rejected."""
+    rng = np.random.default_rng(seed)
+    prompt = [1, 2, 3, 7] + rng.integers(100, 5000, size=40).tolist()
+    out: list[int] = []
+    while len(out) < n:
+        out += [1, 2, 3, int(rng.integers(5000, 90000))]
+    return prompt, out[:n]
+
+
+def make(methods=("ngram",), kmax=8, **kw) -> AdaptiveDriver:
+    return AdaptiveDriver(kmax=kmax, max_model_len=MAX_LEN, methods=methods, cost_model=cpu_like(), **kw)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_incremental_ngram_equals_speclab_ngram(seed: int) -> None:
+    """The probe's incremental index gives exactly speclab's (vLLM's) n-gram proposal at every prefix,
+    fed in chunks of varying size as an engine commits tokens."""
+    rng = np.random.default_rng(seed)
+    vocab = [3, 6, 40][seed % 3]
+    x = rng.integers(0, vocab, size=300)
+    if seed % 2:
+        x[150:250] = x[20:120]  # a copy
+    lo, hi = [(3, 7), (1, 4), (2, 2)][seed % 3]
+    mml = [None, 250][seed % 2]
+    ref = NgramProposer(min_n=lo, max_n=hi, max_model_len=mml)
+    inc = IncrementalNgram(lo, hi, mml)
+    t = 0
+    while t < len(x):
+        step = int(rng.integers(1, 6))
+        inc.extend(x[t : t + step].tolist())
+        t = min(t + step, len(x))
+        for k in (1, 5):
+            assert inc.propose(k).tolist() == ref.propose(x[:t], k).tolist(), (t, k)
+
+
+def test_hindsight_bookkeeping_matches_replay() -> None:
+    """Across steps, the acc_len and offer recorded at every probed position (position 0 included) equal
+    the per-position replay's (k_max = KMAX) once the output is known, for both probes; the policy is told
+    the accepted counts of the engine's formula (len(sampled) - 1 after a draft)."""
+    pytest.importorskip("arctic_inference")
+    from speclab.methods.suffix import SuffixSpeculator
+
+    d = make(methods=("ngram", "suffix"), suffix={"max_cached_requests": 0})
+    prompt, out = copy_request(1)
+    seen: dict[str, object] = {}
+    probed: set[int] = {0}
+    observed: list[tuple[int, int]] = []
+    step, observe = d.step, d.policy.observe
+
+    def spy(s, n, t):
+        r = step(s, n, t)
+        for reqs in d._reqs.values():
+            for q in reqs:
+                seen["r"] = q
+                probed.add(q.hist["ngram"].last[0])
+        return r
+
+    def spy_observe(o):
+        observed.extend(zip(o.k.tolist(), o.accepted.tolist(), strict=True))
+        observe(o)
+
+    d.step = spy  # type: ignore[method-assign]
+    d.policy.observe = spy_observe  # type: ignore[method-assign]
+    log = play(d, [(prompt, out)], batch=1)
+    req = seen["r"]
+    replays = {
+        "ngram": NgramProposer(max_model_len=MAX_LEN).replay(np.array(prompt), np.array(out), 8),
+        "suffix": SuffixSpeculator(max_cached_requests=0).replay(prompt, out, 8, max_model_len=MAX_LEN),
+    }
+    for meth, (acc_replay, nprop) in replays.items():
+        h = req.hist[meth]  # type: ignore[attr-defined]
+        exact = sorted(q for q in probed if q + 8 < len(h.acc))
+        assert len(exact) > 5 and exact[0] == 0
+        for q in exact:
+            assert (h.acc[q], h.off[q]) == (acc_replay[q], nprop[q]), (meth, q)
+    # every draft but the last (its outcome arrives after the request left) was reported with its outcome
+    assert observed == log[0][: len(observed)] and len(observed) >= len(log[0]) - 1
+    assert sum(a for _, a in log[0]) > 0
+
+
+def test_switches_off_where_drafts_are_rejected() -> None:
+    d = make()
+    reqs = [rejecting_request(s) for s in range(3)]
+    log = play(d, reqs, batch=1)
+    # static n-gram k=8 would propose at every `1 2 3` position (a quarter of the steps) and lose them all
+    nrej_static = sum(1 for _, o in reqs for q in range(3, len(o)) if o[q - 3 : q] == [1, 2, 3]) - 3
+    drafted = sum(dr for lg in log.values() for dr, _ in lg)
+    accepted = sum(a for lg in log.values() for _, a in lg)
+    assert nrej_static > 60
+    assert accepted == 0
+    # it tries little: far fewer drafted tokens than static n-gram's 8 per offer
+    assert drafted < 0.1 * 8 * nrej_static, (drafted, nrej_static)
+    assert d.counts["off"] > 0.9 * sum(d.counts.values())
+
+
+def test_copies_get_long_drafts_and_k_varies() -> None:
+    d = make(methods=("ngram", "suffix"))
+    reqs = [copy_request(s) for s in range(3)]
+    log = play(d, reqs, batch=1)
+    ks = [dr for lg in log.values() for dr, _ in lg]
+    acc = [a for lg in log.values() for _, a in lg]
+    assert len(set(ks)) >= 2  # k chosen per step, not fixed
+    assert max(ks) == 8
+    assert sum(acc) / sum(ks) > 0.6  # on copies most drafts are accepted
+    total_out = sum(len(o) for _, o in reqs)
+    steps = sum(len(lg) for lg in log.values())
+    assert steps < total_out / 2  # far fewer engine steps than tokens
+
+
+def test_larger_batch_drafts_less() -> None:
+    """The same requests, alone vs 32 at once: the live batch makes verified tokens dearer, so fewer drafts
+    per step (or none) where acceptance is uncertain."""
+    reqs = [copy_request(s, 80) for s in range(4)] + [rejecting_request(s, 80) for s in range(4)]
+    per: dict[int, float] = {}
+    for b, copies in ((1, 1), (32, 4)):
+        d = make(methods=("ngram", "suffix"))
+        log = play(d, reqs * copies, batch=b)
+        per[b] = sum(dr for lg in log.values() for dr, _ in lg) / (len(reqs) * copies)
+    assert per[32] < per[1]
+
+
+def test_rows_compacted_and_requests_recognised() -> None:
+    """Shuffled rows and requests joining/leaving: every request keeps its own record (no mix-ups): the
+    output equals a run where each request is alone."""
+    reqs = [copy_request(s, 60) for s in range(5)] + [rejecting_request(s, 60) for s in range(3)]
+    a = play(make(), reqs, batch=3, order_seed=1)
+    b = play(make(), reqs, batch=3, order_seed=2)
+    assert a == b  # row order does not change any decision
+    assert len(make()._free) == 0
+
+
+def test_deterministic() -> None:
+    reqs = [copy_request(s, 60) for s in range(3)] + [rejecting_request(0, 60)]
+    assert play(make(("ngram", "suffix")), reqs, batch=2) == play(make(("ngram", "suffix")), reqs, batch=2)
+
+
+def test_prefill_rows_and_limits() -> None:
+    d = make()
+    table = np.zeros((2, 64), np.int32)
+    table[0, :10] = np.arange(10)
+    out = d.step([[], [5]], np.array([10, 10], np.int32), table)  # a partial prefill row gets nothing
+    assert out[0] == []
+    d2 = AdaptiveDriver(kmax=4, max_model_len=10, methods=("ngram",), cost_model=cpu_like())
+    assert d2.step([[5]], np.array([10], np.int32), table[:1]) == [[]]  # at max_model_len
+
+
+def test_bad_options() -> None:
+    from speclab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cannot run live"):
+        make(methods=("draft_model",))
+    with pytest.raises(ConfigError, match="kmax"):
+        make(kmax=0)
+    with pytest.raises(ConfigError, match="ngram option"):
+        make(ngram={"nope": 1})
+
+
+def test_vllm_adapter_reads_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from speclab.methods.vllm_custom import OPTIONS_ENV, SpeclabAdaptiveProposer, adapter_options
+
+    cfg = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=6),
+        model_config=SimpleNamespace(max_model_len=MAX_LEN),
+    )
+    monkeypatch.setenv(OPTIONS_ENV, json.dumps({"methods": ["ngram"], "kmax": 4, "ngram": {"min_n": 2}}))
+    p = SpeclabAdaptiveProposer(cfg)
+    p.load_model(None)
+    assert p.driver.kmax == 4 and p.driver.methods == ("ngram",) and p.driver.min_n == 2
+    prompt, out = copy_request(3, 40)
+    log = play(p.driver, [(prompt, out)], batch=1)
+    assert log[0]
+    monkeypatch.setenv(OPTIONS_ENV, json.dumps({"kmax": 9}))
+    with pytest.raises(ValueError, match="kmax"):
+        SpeclabAdaptiveProposer(cfg)
+    monkeypatch.setenv(OPTIONS_ENV, json.dumps({"bogus": 1}))
+    with pytest.raises(ValueError, match="unknown adaptive"):
+        SpeclabAdaptiveProposer(cfg)
+    model = "speclab.methods.vllm_custom.SpeclabAdaptiveProposer"
+    got = adapter_options({"model": model, "proposer_options": {"kmax": 4, "ngram": {"min_n": 2}}})
+    assert got == {"model": model, "kmax": 4, "ngram": {"min_n": 2}}
+
+
+def test_crosscheck_refuses_adaptive_with_a_reason() -> None:
+    from speclab.methods.catalog import trace_method_name
+    from speclab.replay.runs import replay_spec
+
+    name = trace_method_name("custom_class", {"model": "speclab.methods.vllm_custom.SpeclabAdaptiveProposer"})
+    assert name == "custom:SpeclabAdaptiveProposer"
+    why = replay_spec(name, {}, {})
+    assert isinstance(why, str) and "live batch" in why
+
+
+def test_sweep_preset_parses() -> None:
+    from speclab.bench.spec import load_preset
+
+    sw = load_preset("adaptive-cpu")
+    labels = {m.label for m in sw.methods}
+    assert {"none", "ngram-k3", "ngram-k5", "suffix-k8", "adaptive"} <= labels
+    assert any(lb.startswith("schedule") for lb in labels)
+    assert sw.repeats == 3 and sw.dtype == "float32" and sw.batch_sizes == [1, 4, 16]
