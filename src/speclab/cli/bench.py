@@ -241,9 +241,12 @@ def show_cmd(run_dir: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(load_rows(run_dir) + server, indent=2))
         return
-    click.echo(format_run(run_dir))
+    offline = load_rows(run_dir)
+    if offline or not server:
+        click.echo(format_run(run_dir))
     if server:
-        click.echo("")
+        if offline:
+            click.echo("")
         click.echo(format_server_run(run_dir))
 
 

@@ -13,7 +13,8 @@ from typing import Any
 from speclab.report.figures import Figure, _color_map, _grid, _png
 from speclab.report.html import esc, figure_or_missing, missing, table
 from speclab.server.crosscheck import server_vs_offline
-from speclab.server.show import CONTENDED_PRESSURE, load_key, load_text
+from speclab.bench.repeats import contended, row_pressure
+from speclab.server.show import load_key, load_text
 
 PANELS = (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"))
 
@@ -50,7 +51,7 @@ def latency_vs_load(rows: list[dict[str, Any]] | None) -> Figure | None:
                     xy = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
                     if xy:
                         ax.plot(*zip(*xy, strict=True), style, color=colors[label], lw=1.8 if p == "p50" else 1.1,
-                                label=f"{label} {p}")  # fmt: skip
+                                label=f"{label} {p}")
             ax.set_xlabel("request rate (req/s, Poisson)" if kind == "rate" else "concurrency (requests in flight)")
             ax.set_ylabel(ylabel)
             ax.set_title(f"{wl}: {ylabel.split()[0]} vs {kind}")
@@ -72,7 +73,7 @@ def latency_vs_load(rows: list[dict[str, Any]] | None) -> Figure | None:
 
 
 HEADERS = ["workload", "load", "method", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "goodput",
-           "good %", "mean acc", "token-exact", "= offline", "status"]  # fmt: skip
+           "good %", "mean acc", "token-exact", "= offline", "status"]
 
 
 def latency_table(rows: list[dict[str, Any]], all_rows: list[dict[str, Any]] | None = None) -> str:
@@ -84,10 +85,10 @@ def latency_table(rows: list[dict[str, Any]], all_rows: list[dict[str, Any]] | N
     body, classes = [], []
     for r in rows:
         ok = r.get("status") == "ok"
-        pressure = (r.get("host") or {}).get("cpu_pressure")
         status = "ok" if ok else f"{r.get('status')}: {str(r.get('error'))[:40]}"
-        if ok and isinstance(pressure, int | float) and pressure > CONTENDED_PRESSURE:
-            status = f"ok, contended ({pressure:.0%} CPU pressure)"
+        if ok and contended(r):
+            p = row_pressure(r)
+            status = "ok, contended" + ("" if p is None else f" ({p:.0%} CPU pressure)")
         share = r.get("goodput_share")
         body.append(
             [
@@ -112,7 +113,7 @@ def latency_table(rows: list[dict[str, Any]], all_rows: list[dict[str, Any]] | N
 
 
 def section(server_rows: list[dict[str, Any]] | None, fig: Figure | None,
-            all_rows: list[dict[str, Any]] | None = None) -> list[str]:  # fmt: skip
+            all_rows: list[dict[str, Any]] | None = None) -> list[str]:
     h = ['<h2 id="latency">Latency against load (server mode)</h2>']
     if not server_rows:
         return h + [
@@ -130,6 +131,6 @@ def section(server_rows: list[dict[str, Any]] | None, fig: Figure | None,
     h.append('<div class="pair">')
     h.append(figure_or_missing(fig, "No ok server cells to plot."))
     h.append(f'<div class="tbl"><b>Server cells</b> ({len(server_rows)} rows)' + latency_table(server_rows, all_rows)
-             + "</div>")  # fmt: skip
+             + "</div>")
     h.append("</div>")
     return h

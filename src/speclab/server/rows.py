@@ -146,7 +146,7 @@ def generated_texts(result: dict[str, Any] | None) -> list[str] | None:
 
 
 def apply_server_baseline(row: dict[str, Any], mine: list[str] | None, base_row: dict[str, Any] | None,
-                          base: list[str] | None) -> None:  # fmt: skip
+                          base: list[str] | None) -> None:
     """Token-exactness at the server, as far as the API shows it: every generated text equal to the no-SD
     cell's at the same load (greedy, so expected in float32)."""
     if row.get("method") == "none" or not base_row or base_row.get("status") != "ok":

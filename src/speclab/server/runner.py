@@ -30,6 +30,7 @@ from typing import Any
 
 from speclab.atomic import atomic_write_text
 from speclab.bench.preflight import PromptSet
+from speclab.bench.repeats import contended, row_pressure
 from speclab.bench.results import ResultsStore
 from speclab.bench.runner import SweepOutcome, _run_lock
 from speclab.bench.spec import SweepSpec
@@ -43,7 +44,6 @@ from speclab.server.process import Server, loopback_env
 from speclab.server.rows import apply_server_baseline, build_server_row, generated_texts, read_result
 
 SERVER_DIR = "server"
-CONTENDED_PRESSURE = 0.5  # as the offline bench (bench.repeats): CPU pressure above this = contended
 
 
 def _safe(name: str) -> str:
@@ -253,7 +253,7 @@ class ServerRunner:
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
                 rc = None
-                error = f"load generator did not finish within {self.sv.cell_timeout_s:.0f} s (stopped)"
+                error = f"load generator did not finish within {self.sv.cell_timeout_s:g} s (stopped)"
             except BaseException:
                 _kill_group(proc)
                 raise
@@ -358,9 +358,9 @@ def format_server_line(row: dict[str, Any]) -> str:
         parts.append(f"acc.len {row['mean_acceptance_length']:.2f}")
     if row.get("lossless") is not None:
         parts.append("token-exact" if row["lossless"] else "NOT token-exact")
-    pressure = (row.get("host") or {}).get("cpu_pressure")
-    if isinstance(pressure, int | float) and pressure > CONTENDED_PRESSURE:
-        parts.append(f"contended (CPU pressure {pressure:.0%})")
+    if contended(row):  # the offline bench's rule (bench.repeats)
+        p = row_pressure(row)
+        parts.append("contended" + ("" if p is None else f" (CPU pressure {p:.0%})"))
     return f"{head}: " + ", ".join(parts)
 
 

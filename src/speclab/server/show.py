@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from speclab.bench.repeats import contended, row_pressure
 from speclab.bench.rows import read_rows
 from speclab.server.crosscheck import server_vs_offline
-
-CONTENDED_PRESSURE = 0.5
 
 
 def load_key(r: dict[str, Any]) -> tuple[int, float]:
@@ -24,6 +23,11 @@ def load_text(r: dict[str, Any]) -> str:
     if load.get("request_rate") is not None:
         return f"{load['request_rate']:g}/s"
     return f"c{load.get('max_concurrency')}"
+
+
+def _pressure_text(r: dict[str, Any]) -> str:
+    p = row_pressure(r)
+    return "" if p is None else f", CPU pressure {p:.0%}"
 
 
 def _f(v: Any, spec: str) -> str:
@@ -42,14 +46,13 @@ def format_server_table(rows: list[dict[str, Any]]) -> str:
         order.setdefault(str(r.get("label")), len(order) + (0 if r.get("method") == "none" else 1))
     rows = sorted(rows, key=lambda r: (str(r.get("workload")), load_key(r), order[str(r.get("label"))]))
     header = ["workload", "load", "method", "tok/s", "TTFT p50", "p99", "TPOT p50", "p99", "ITL p50", "goodput",
-              "acc.len", "exact", "status"]  # fmt: skip
+              "acc.len", "exact", "status"]
     body = []
     for r in rows:
         ok = r.get("status") == "ok"
-        pressure = (r.get("host") or {}).get("cpu_pressure")
         status = "ok" if ok else f"failed: {str(r.get('error'))[:50]}"
-        if ok and isinstance(pressure, int | float) and pressure > CONTENDED_PRESSURE:
-            status = f"ok (contended {pressure:.0%})"
+        if ok and contended(r):
+            status = f"ok (contended{_pressure_text(r)})"
         body.append(
             [
                 str(r.get("workload")),
