@@ -183,7 +183,9 @@ def test_loadgen_command_is_loopback_only_and_bounded(tmp_path: Path):
     assert "--num-prompts 4" in text and "--seed 42" in text and "--temperature 0" in text
     assert "--goodput ttft:500" in text and "--save-detailed" in text and "--ignore-eos" not in text
     assert "--max-concurrency" not in text
-    closed = " ".join(loadgen_command(base_url="http://127.0.0.1:8123", request_rate=None, concurrency=3, **kw))
+    closed = " ".join(
+        loadgen_command(base_url="http://127.0.0.1:8123", request_rate=None, concurrency=3, **kw)
+    )
     assert "--request-rate inf" in closed and "--max-concurrency 3" in closed
     for url in ("http://10.0.0.1:8000", "http://localhost.example.com:80", "https://127.0.0.1:1"):
         with pytest.raises(SpeclabError, match="loopback"):
@@ -267,19 +269,35 @@ def test_result_to_row():
     assert row["speedup"] is None and row["mode"] == "server"
     # any failed request fails the cell, with the first error's last line
     bad = build_server_row(
-        settings(), bench_result(failed=1), counters, category="code", engine_id="e", result_file=None, server={}
+        settings(),
+        bench_result(failed=1),
+        counters,
+        category="code",
+        engine_id="e",
+        result_file=None,
+        server={},
     )
     assert bad["status"] == "failed" and "1 of 4 requests failed: ConnectionError: refused" in bad["error"]
     # no result at all (load generator died)
-    dead = build_server_row(settings(), None, None, category="c", engine_id="e", result_file=None, server={},
-                            error="vllm bench serve exited with code 1")
+    dead = build_server_row(
+        settings(),
+        None,
+        None,
+        category="c",
+        engine_id="e",
+        result_file=None,
+        server={},
+        error="vllm bench serve exited with code 1",
+    )
     assert dead["status"] == "failed" and dead["latency_ms"]["ttft"]["p50"] is None
     assert latency_table({})["itl"] == {"mean": None, "p50": None, "p90": None, "p99": None}
 
 
 def test_text_exactness_against_the_no_sd_cell():
     base = {"cell_id": "none.w.srv-r2.y", "status": "ok"}
-    row = build_server_row(settings(), bench_result(), None, category="c", engine_id="e", result_file="r", server={})
+    row = build_server_row(
+        settings(), bench_result(), None, category="c", engine_id="e", result_file="r", server={}
+    )
     apply_server_baseline(row, ["a", "b"], base, ["a", "b"])
     assert row["lossless"] is True and row["baseline_cell_id"] == "none.w.srv-r2.y"
     apply_server_baseline(row, ["a", "x"], base, ["a", "b"])
@@ -314,8 +332,9 @@ def test_compare_counters_and_pairing():
     ok, detail = compare_counters(a, SpecCounters(6, 18, 9, [4, 3, 2]))
     assert ok is False and "num_accepted_tokens 8 (server) vs 9 (offline)" in detail and "per_pos" in detail
     counters = ServerCounters(6, 18, 8, {0: 4, 1: 2, 2: 2}, spec_decode=True)
-    srv = build_server_row(settings(), bench_result(), counters, category="c", engine_id="e", result_file="r",
-                           server={})
+    srv = build_server_row(
+        settings(), bench_result(), counters, category="c", engine_id="e", result_file="r", server={}
+    )
     same = {"num_drafts": 6, "num_draft_tokens": 18, "num_accepted_tokens": 8, "accepted_per_pos": [4, 2, 2]}
     rows = [
         srv,
@@ -378,9 +397,7 @@ def _fake_run(tmp_path, monkeypatch, sleep: float = 0.0, timeout: float = 60.0):
     from speclab.engine.protocol import PromptSpec
     from speclab.server import runner as R
 
-    spec = parse_sweep_text(
-        SWEEP.replace("slo = {", f"cell_timeout_s = {timeout}\nslo = {{"), "s.toml"
-    )
+    spec = parse_sweep_text(SWEEP.replace("slo = {", f"cell_timeout_s = {timeout}\nslo = {{"), "s.toml")
     monkeypatch.setattr(R, "Server", FakeServer)
 
     def fake_cmd(**kw):
@@ -454,7 +471,9 @@ def test_offline_rows_record_counters():
     spec = parse_sweep_text(SWEEP, "s.toml")
     cell = next(c for c in expand_cells(spec) if c.method.name == "ngram")
     res = CellResult(cell_id=cell.cell_id, status="ok", spec_counters=SpecCounters(2, 6, 3, [2, 1, 0]))
-    row = build_row(cell, res, category="c", engine_id="e", trace_part=None, baseline_row=None, baseline_out=None)
+    row = build_row(
+        cell, res, category="c", engine_id="e", trace_part=None, baseline_row=None, baseline_out=None
+    )
     assert row["spec_counters"] == {
         "num_drafts": 2,
         "num_draft_tokens": 6,

@@ -182,7 +182,9 @@ def _run_server(spec: SweepSpec, text: str, run_dir: str, redo: tuple[str, ...],
     provider = default_prompt_provider(spec)
     if dry_run:
         groups = group_server_engines(spec, cells)
-        click.echo(f"sweep {spec.name} ({spec.source}), server mode: {len(cells)} cells on {len(groups)} servers")
+        click.echo(
+            f"sweep {spec.name} ({spec.source}), server mode: {len(cells)} cells on {len(groups)} servers"
+        )
         for g in groups:
             e = g.engine
             click.echo(

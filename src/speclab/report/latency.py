@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from speclab.bench.repeats import contended, row_pressure
 from speclab.report.figures import Figure, _color_map, _grid, _png
 from speclab.report.html import esc, figure_or_missing, missing, table
 from speclab.server.crosscheck import server_vs_offline
-from speclab.bench.repeats import contended, row_pressure
 from speclab.server.show import load_key, load_text
 
 PANELS = (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"))
@@ -35,7 +35,9 @@ def latency_vs_load(rows: list[dict[str, Any]] | None) -> Figure | None:
     )
     for r in ok:
         kind, x = load_key(r)
-        series[(str(r.get("workload")), "rate" if kind == 0 else "concurrency")][str(r.get("label"))].append((x, r))
+        series[(str(r.get("workload")), "rate" if kind == 0 else "concurrency")][str(r.get("label"))].append(
+            (x, r)
+        )
     keys = sorted(series)
     colors = _color_map([lbl for k in keys for lbl in series[k]])
     fig, axes = _grid(len(keys) * len(PANELS), ncols=len(PANELS), w=5.6, h=3.9)
@@ -50,9 +52,16 @@ def latency_vs_load(rows: list[dict[str, Any]] | None) -> Figure | None:
                     ys = [_lat(r, metric, p) for _, r in pts]
                     xy = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
                     if xy:
-                        ax.plot(*zip(*xy, strict=True), style, color=colors[label], lw=1.8 if p == "p50" else 1.1,
-                                label=f"{label} {p}")
-            ax.set_xlabel("request rate (req/s, Poisson)" if kind == "rate" else "concurrency (requests in flight)")
+                        ax.plot(
+                            *zip(*xy, strict=True),
+                            style,
+                            color=colors[label],
+                            lw=1.8 if p == "p50" else 1.1,
+                            label=f"{label} {p}",
+                        )
+            ax.set_xlabel(
+                "request rate (req/s, Poisson)" if kind == "rate" else "concurrency (requests in flight)"
+            )
             ax.set_ylabel(ylabel)
             ax.set_title(f"{wl}: {ylabel.split()[0]} vs {kind}")
             ax.set_ylim(bottom=0)
@@ -72,8 +81,22 @@ def latency_vs_load(rows: list[dict[str, Any]] | None) -> Figure | None:
     )
 
 
-HEADERS = ["workload", "load", "method", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "goodput",
-           "good %", "mean acc", "token-exact", "= offline", "status"]
+HEADERS = [
+    "workload",
+    "load",
+    "method",
+    "tok/s",
+    "TTFT p50",
+    "TTFT p99",
+    "TPOT p50",
+    "TPOT p99",
+    "goodput",
+    "good %",
+    "mean acc",
+    "token-exact",
+    "= offline",
+    "status",
+]
 
 
 def latency_table(rows: list[dict[str, Any]], all_rows: list[dict[str, Any]] | None = None) -> str:
@@ -112,12 +135,15 @@ def latency_table(rows: list[dict[str, Any]], all_rows: list[dict[str, Any]] | N
     return table(HEADERS, body, left=3, row_classes=classes)
 
 
-def section(server_rows: list[dict[str, Any]] | None, fig: Figure | None,
-            all_rows: list[dict[str, Any]] | None = None) -> list[str]:
+def section(
+    server_rows: list[dict[str, Any]] | None, fig: Figure | None, all_rows: list[dict[str, Any]] | None = None
+) -> list[str]:
     h = ['<h2 id="latency">Latency against load (server mode)</h2>']
     if not server_rows:
         return h + [
-            missing("No server-mode cells in this run (`speclab bench SWEEP --server` with a [server] table).")
+            missing(
+                "No server-mode cells in this run (`speclab bench SWEEP --server` with a [server] table)."
+            )
         ]
     slo = next((r.get("slo_ms") for r in server_rows if r.get("slo_ms")), None)
     h.append(
@@ -130,7 +156,10 @@ def section(server_rows: list[dict[str, Any]] | None, fig: Figure | None,
     )
     h.append('<div class="pair">')
     h.append(figure_or_missing(fig, "No ok server cells to plot."))
-    h.append(f'<div class="tbl"><b>Server cells</b> ({len(server_rows)} rows)' + latency_table(server_rows, all_rows)
-             + "</div>")
+    h.append(
+        f'<div class="tbl"><b>Server cells</b> ({len(server_rows)} rows)'
+        + latency_table(server_rows, all_rows)
+        + "</div>"
+    )
     h.append("</div>")
     return h

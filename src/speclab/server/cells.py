@@ -16,7 +16,9 @@ from speclab.engine.protocol import EngineSpec
 from speclab.errors import ConfigError
 from speclab.workloads.file_workloads import file_fingerprint
 
-MAX_SEQS_FOR_RATES = 256  # an open-loop cell may have every request in flight; vLLM's usual GPU default caps it
+MAX_SEQS_FOR_RATES = (
+    256  # an open-loop cell may have every request in flight; vLLM's usual GPU default caps it
+)
 
 
 @dataclass

@@ -52,7 +52,18 @@ def compare_counters(server: SpecCounters, offline: SpecCounters) -> tuple[bool,
 def _same_requests(s: dict[str, Any], o: dict[str, Any]) -> bool:
     """Did an offline row run the same requests as a server row, each once? (replicate copies each prompt
     B times, so only its B = 1 runs them once)."""
-    keys = ("label", "method", "k", "method_options", "target", "dtype", "workload", "num_prompts", "max_tokens", "seed")
+    keys = (
+        "label",
+        "method",
+        "k",
+        "method_options",
+        "target",
+        "dtype",
+        "workload",
+        "num_prompts",
+        "max_tokens",
+        "seed",
+    )
     if any(s.get(k) != o.get(k) for k in keys):
         return False
     return o.get("batching") == "continuous" or o.get("batch_size") == 1
@@ -73,7 +84,10 @@ def server_vs_offline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 continue
             oc = counters_from_row(o)
             if sc is None or oc is None:
-                equal, detail = None, "counters not recorded on both sides (offline rows from before they were)"
+                equal, detail = (
+                    None,
+                    "counters not recorded on both sides (offline rows from before they were)",
+                )
             else:
                 equal, detail = compare_counters(sc, oc)
             out.append(

@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     from vllm.benchmarks import serve as vserve
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = FlexibleArgumentParser(prog="python -m speclab.server.loadgen", description=__doc__.splitlines()[0])
+    parser = FlexibleArgumentParser(
+        prog="python -m speclab.server.loadgen", description=__doc__.splitlines()[0]
+    )
     vserve.add_cli_args(parser)
     parser.add_argument("--speclab-prompts", required=True, help="PROMPTS.jsonl: token-id prompts, in order")
     args = parser.parse_args(argv)

@@ -145,8 +145,9 @@ def generated_texts(result: dict[str, Any] | None) -> list[str] | None:
     return [str(t) for t in texts] if isinstance(texts, list) else None
 
 
-def apply_server_baseline(row: dict[str, Any], mine: list[str] | None, base_row: dict[str, Any] | None,
-                          base: list[str] | None) -> None:
+def apply_server_baseline(
+    row: dict[str, Any], mine: list[str] | None, base_row: dict[str, Any] | None, base: list[str] | None
+) -> None:
     """Token-exactness at the server, as far as the API shows it: every generated text equal to the no-SD
     cell's at the same load (greedy, so expected in float32)."""
     if row.get("method") == "none" or not base_row or base_row.get("status") != "ok":
@@ -158,8 +159,13 @@ def apply_server_baseline(row: dict[str, Any], mine: list[str] | None, base_row:
     differ = [i for i, (a, b) in enumerate(zip(mine, base, strict=True)) if a != b]
     if differ:
         row["lossless"] = False
-        row["lossless_detail"] = f"{len(differ)}/{len(mine)} generated texts differ from no-SD (first: request {differ[0]})"
+        row["lossless_detail"] = (
+            f"{len(differ)}/{len(mine)} generated texts differ from no-SD (first: request {differ[0]})"
+        )
         if row.get("dtype") != "float32":
             row["lossless_detail"] += f" (expected in {row.get('dtype')}: compare in float32)"
     else:
-        row["lossless"], row["lossless_detail"] = True, f"{len(mine)}/{len(mine)} generated texts identical to no-SD"
+        row["lossless"], row["lossless_detail"] = (
+            True,
+            f"{len(mine)}/{len(mine)} generated texts identical to no-SD",
+        )

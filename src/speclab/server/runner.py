@@ -342,7 +342,11 @@ def _ms(lat: dict[str, Any] | None, metric: str, p: str) -> str:
 def format_server_line(row: dict[str, Any]) -> str:
     """One line per finished server cell."""
     load = row.get("load") or {}
-    lt = f"{load['request_rate']:g} req/s" if load.get("request_rate") is not None else f"conc {load.get('max_concurrency')}"
+    lt = (
+        f"{load['request_rate']:g} req/s"
+        if load.get("request_rate") is not None
+        else f"conc {load.get('max_concurrency')}"
+    )
     head = f"{row.get('label')} {row.get('workload')} @ {lt}"
     if row.get("status") != "ok":
         return f"{head}: failed ({str(row.get('error'))[:300]})"

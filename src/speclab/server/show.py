@@ -45,8 +45,21 @@ def format_server_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         order.setdefault(str(r.get("label")), len(order) + (0 if r.get("method") == "none" else 1))
     rows = sorted(rows, key=lambda r: (str(r.get("workload")), load_key(r), order[str(r.get("label"))]))
-    header = ["workload", "load", "method", "tok/s", "TTFT p50", "p99", "TPOT p50", "p99", "ITL p50", "goodput",
-              "acc.len", "exact", "status"]
+    header = [
+        "workload",
+        "load",
+        "method",
+        "tok/s",
+        "TTFT p50",
+        "p99",
+        "TPOT p50",
+        "p99",
+        "ITL p50",
+        "goodput",
+        "acc.len",
+        "exact",
+        "status",
+    ]
     body = []
     for r in rows:
         ok = r.get("status") == "ok"
@@ -71,9 +84,17 @@ def format_server_table(rows: list[dict[str, Any]]) -> str:
             ]
         )
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) if i < 3 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True)))]
+    lines = [
+        "  ".join(
+            h.ljust(w) if i < 3 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        )
+    ]
     for b in body:
-        lines.append("  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(b, widths, strict=True))))
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(b, widths, strict=True))
+            )
+        )
     return "\n".join(lines)
 
 
