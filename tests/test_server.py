@@ -481,3 +481,26 @@ def test_offline_rows_record_counters():
         "accepted_per_pos": [2, 1, 0],
     }
     assert json.loads(json.dumps(row))["spec_counters"]["accepted_per_pos"] == [2, 1, 0]
+
+
+def test_cli_server_dry_run_and_a_sweep_without_server_table(tmp_path, capsys):
+    from speclab.cli import main
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(SWEEP.replace("/nonexistent/target", str(ckpt)))
+    main(["bench", str(sweep), "--server", "--dry-run", "--out", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert "server mode: 9 cells on 2 servers" in out
+    assert "max_num_seqs=8" in out and "(0.5 req/s, 8 requests)" in out and "(conc 4, 8 requests)" in out
+    assert not (tmp_path / "run").exists()  # a dry run touches nothing
+    plain = tmp_path / "plain.toml"
+    plain.write_text(
+        SWEEP.split("[server]")[0].replace("/nonexistent/target", str(ckpt)) + "[[methods]]\nname = 'none'\n"
+    )
+    with pytest.raises(SystemExit) as ei:
+        main(["bench", str(plain), "--server", "--out", str(tmp_path / "run")])
+    assert ei.value.code == 2
+    assert "--server needs a [server] table" in capsys.readouterr().err
