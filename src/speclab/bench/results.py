@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -291,6 +292,8 @@ def build_row(
             "lossless_detail": None,
             "copies_identical": copies_identical(res) if cell.batching == "replicate" else None,
             "steps": res.steps,
+            # vLLM's spec-decode counters over the cell (the server-mode cross-check compares them with /metrics)
+            "spec_counters": None if res.spec_counters is None else asdict(res.spec_counters),
             "num_requests": len(res.requests),
             "trace_part": trace_part,
             "engine_id": engine_id,

@@ -20,15 +20,21 @@ from speclab.bench.results import RESULTS, apply_baseline, parse_rows
 from speclab.errors import ConfigError
 
 
-def read_rows(run: str | Path) -> list[dict[str, Any]]:
-    """The rows of a run's results.jsonl in file order; `run` is the run directory or the file itself."""
+def read_rows(run: str | Path, mode: str = "offline") -> list[dict[str, Any]]:
+    """The rows of a run's results.jsonl in file order; `run` is the run directory or the file itself.
+
+    mode: "offline" (the default: the engine-batch cells every table, plot and verdict is about), "server"
+    (the server-mode cells, `"mode": "server"`, speclab.server) or "all"."""
     run = Path(run)
     path = run / RESULTS if run.is_dir() else run
     if not path.exists():
         if not run.exists():
             raise ConfigError(f"{run}: run directory not found")
         raise ConfigError(f"{run}: no {RESULTS} here (not a bench run directory, or nothing finished yet)")
-    return list(parse_rows(path).values())
+    rows = list(parse_rows(path).values())
+    if mode == "all":
+        return rows
+    return [r for r in rows if (r.get("mode") == "server") == (mode == "server")]
 
 
 def _baseline_match(r: dict[str, Any]) -> tuple[Any, ...]:

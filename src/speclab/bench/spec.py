@@ -36,6 +36,9 @@ the batch sizes and how a batch is formed, the prompt count, max tokens and seed
     model = "smollm2-135m-draft-l8"
     # label = "draft-l8", workloads = [...], batch_sizes = [...] restrict or rename an entry
 
+Server mode (`speclab bench SWEEP --server`) reads a `[server]` table: request rates, concurrency levels,
+SLO (speclab/server/spec.py).
+
 Workloads as tables (instead of the list; in this order): an empty table names a registered workload, one
 with `path` is the user's own prompts file or request log (docs/workloads.md):
 
@@ -61,6 +64,7 @@ from typing import Any
 from speclab.engine.protocol import BATCHING, DTYPES
 from speclab.errors import ConfigError
 from speclab.methods.catalog import ENGINE_METHODS, METHODS_NEEDING_MODEL
+from speclab.server.spec import ServerSpec, parse_server
 
 TOP_KEYS = {
     "name",
@@ -78,6 +82,7 @@ TOP_KEYS = {
     "methods",
     "workload_sources",
     "repeats",
+    "server",
 }
 ENGINE_KEYS = {"max_model_len", "enforce_eager", "kv_cache_gib", "llm_kwargs", "max_num_seqs"}
 METHOD_KEYS = {"name", "method", "k", "label", "workloads", "batch_sizes", "options"}
@@ -133,6 +138,8 @@ class SweepSpec:
     # times each cell is measured, interleaved with its baseline; not part of cell ids (adding repeats to a
     # run measures only the missing ones)
     repeats: int = 1
+    # server mode (`speclab bench SWEEP --server`): the loads each engine is served at (speclab.server.spec)
+    server: ServerSpec | None = None
 
     @property
     def prompt_budget(self) -> int:
@@ -166,6 +173,7 @@ class SweepSpec:
             "workload_sources": self.workload_sources,
             "workload_files": self.workload_files,
             "methods": [m.to_dict() for m in self.methods],
+            **({"server": self.server.to_dict()} if self.server is not None else {}),
         }
 
 
@@ -346,6 +354,7 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
                 f"{src}: max_prompt_tokens ({max_prompt_tokens}) + max_tokens ({max_tokens}) exceeds "
                 f"engine.max_model_len ({max_model_len})"
             )
+    server = parse_server(data["server"], src) if "server" in data else None
     sources = data.get("workload_sources", {})
     if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
         raise ConfigError(f'{src}: field workload_sources: expected a table of workload = "path"')
@@ -405,6 +414,7 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
         workload_sources=dict(sources),
         workload_files=files,
         source=source,
+        server=server,
     )
 
 

@@ -2,6 +2,7 @@
 
 speclab bench SWEEP.toml --out RUN        run (or resume) a sweep file
 speclab bench --preset demo-cpu --out RUN run a shipped sweep preset
+speclab bench SWEEP.toml --server --out RUN  its [server] cells: vllm serve + vllm bench serve
 speclab bench show RUN [--json]           the results table
 speclab bench presets                     list sweep presets
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from speclab.bench.spec import SweepSpec
 from speclab.cli import batch_size_list
 from speclab.errors import ConfigError
 
@@ -74,6 +76,13 @@ def _str_list(value: str | None) -> list[str] | None:
     multiple=True,
     help="Measure cells again even if done: a cell id glob, e.g. 'none.*.b1.*' (repeatable).",
 )
+@click.option(
+    "--server",
+    "server_mode",
+    is_flag=True,
+    help="Server mode: each engine behind `vllm serve` on loopback, driven by `vllm bench serve` at the "
+    "sweep's [server] request rates / concurrency levels (docs/server.md).",
+)
 @click.option("--dry-run", is_flag=True, help="Check the sweep and list its engines and cells; run nothing.")
 @click.option(
     "--no-progress", is_flag=True, help="No progress bar (one line per finished cell still printed)."
@@ -92,6 +101,7 @@ def run_cmd(
     enforce_eager: bool | None,
     cell_timeout: float | None,
     redo: tuple[str, ...],
+    server_mode: bool,
     dry_run: bool,
     no_progress: bool,
 ) -> None:
@@ -117,6 +127,9 @@ def run_cmd(
     }
     spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods))
     run_dir = out or f"runs/{spec.name}"
+    if server_mode:
+        _run_server(spec, text, run_dir, redo, dry_run)
+        return
     cells = expand_cells(spec)
     _check_run_dir(run_dir, text, [c.cell_id for c in cells], redo)
     # the machine checks (workloads, models, drafter tokenizers): one line on failure, before any model loads
@@ -157,6 +170,51 @@ def run_cmd(
         sys.exit(1)
 
 
+def _run_server(spec: SweepSpec, text: str, run_dir: str, redo: tuple[str, ...], dry_run: bool) -> None:
+    """`speclab bench SWEEP --server`: the sweep's [server] cells (speclab.server.runner)."""
+    from speclab.bench.api import default_prompt_provider
+    from speclab.server.cells import expand_server_cells, group_server_engines
+    from speclab.server.runner import run_server_bench
+    from speclab.server.show import format_server_run
+
+    cells = expand_server_cells(spec)
+    _check_run_dir(run_dir, text, [c.cell_id for c in cells], redo)
+    provider = default_prompt_provider(spec)
+    if dry_run:
+        groups = group_server_engines(spec, cells)
+        click.echo(
+            f"sweep {spec.name} ({spec.source}), server mode: {len(cells)} cells on {len(groups)} servers"
+        )
+        for g in groups:
+            e = g.engine
+            click.echo(
+                f"  server {g.engine_id}: {e.method} k={e.k} {e.dtype} max_num_seqs={e.max_num_seqs} "
+                f"options={e.options or {}}"
+            )
+            for c in g.cells:
+                click.echo(f"    {c.cell_id}  ({c.load_text}, {c.num_prompts} requests)")
+        return
+    click.echo(f"sweep {spec.name}, server mode: {len(cells)} cells -> {run_dir}", err=True)
+    outcome = run_server_bench(
+        spec,
+        run_dir,
+        provider,
+        echo=lambda s: click.echo(s, err=True),
+        spec_text=text,
+        command_line=shlex.join(["speclab", *sys.argv[1:]]),
+        redo=list(redo),
+    )
+    click.echo("")
+    click.echo(format_server_run(run_dir))
+    click.echo("")
+    click.echo(
+        f"{outcome.ok} server cell(s) run, {outcome.skipped} already done, {outcome.failed} failed; "
+        f"results: {run_dir}/results.jsonl, bench-serve results: {run_dir}/server/cells/"
+    )
+    if outcome.failed:
+        sys.exit(1)
+
+
 def _check_run_dir(run_dir: str, text: str | None, cell_ids: list[str], redo: tuple[str, ...]) -> None:
     """Checks that need nothing but the sweep, done before the run directory is created or touched."""
     for g in redo:
@@ -175,9 +233,23 @@ def _check_run_dir(run_dir: str, text: str | None, cell_ids: list[str], redo: tu
 @click.option("--json", "as_json", is_flag=True, help="Print the result rows as JSON.")
 def show_cmd(run_dir: str, as_json: bool) -> None:
     """Print the results table of a run directory."""
-    from speclab.bench.show import format_run, rows_json
+    import json
 
-    click.echo(rows_json(run_dir) if as_json else format_run(run_dir))
+    from speclab.bench.rows import read_rows
+    from speclab.bench.show import format_run, load_rows
+    from speclab.server.show import format_server_run
+
+    server = read_rows(run_dir, mode="server")
+    if as_json:
+        click.echo(json.dumps(load_rows(run_dir) + server, indent=2))
+        return
+    offline = load_rows(run_dir)
+    if offline or not server:
+        click.echo(format_run(run_dir))
+    if server:
+        if offline:
+            click.echo("")
+        click.echo(format_server_run(run_dir))
 
 
 @command.command("presets")

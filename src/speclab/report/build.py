@@ -13,6 +13,7 @@ from speclab.bench.rows import read_rows
 from speclab.errors import SpeclabError
 from speclab.report import figures as F
 from speclab.report.html import CSS, esc
+from speclab.report.latency import latency_vs_load
 from speclab.report.recommend import recommendations
 from speclab.report.sections import NAV, SECTIONS, ReportData
 
@@ -60,6 +61,7 @@ def build_report(
     """Write OUT/report.html and OUT/*.png; returns the HTML path."""
     run_path = Path(run) if run else None
     rows = read_rows(run_path) if run_path else None
+    server_rows = read_rows(run_path, mode="server") if run_path else None
     if traces is None and run_path is not None and (run_path / "traces").exists():
         traces = run_path / "traces"
     analysis = _load_analysis(analysis, traces, run_path, cost_model)
@@ -96,6 +98,7 @@ def build_report(
         "position": F.acceptance_position(acc),
         "spread": F.per_request_spread(acc),
         "overlap": F.overlap_advantage(analysis.get("overlap") or {}),
+        "latency": latency_vs_load(server_rows),
     }
     data = ReportData(
         rows=rows,
@@ -105,6 +108,7 @@ def build_report(
         recs=recommendations(rows, gap),
         figs=figs,
         command=command,
+        server_rows=server_rows,
     )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

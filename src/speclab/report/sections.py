@@ -34,6 +34,7 @@ class ReportData:
     recs: list[dict[str, Any]]
     figs: dict[str, F.Figure | None]
     command: str | None = None  # this report's command line (default: the process's argv)
+    server_rows: list[dict[str, Any]] | None = None  # server-mode cells of the run (speclab.server)
 
     @property
     def acc(self) -> list[dict[str, Any]]:
@@ -52,7 +53,7 @@ NAV = (
     '<nav><a href="#summary">Summary</a><a href="#speedup">Speedup</a><a href="#recommend">Recommendations</a>'
     '<a href="#time">Time split</a><a href="#memory">Memory</a><a href="#acceptance">Acceptance</a>'
     '<a href="#overlap">Overlap</a><a href="#oracle">Oracle gap</a><a href="#adaptive">Adaptive</a><a href="#validation">Validation</a>'
-    '<a href="#inputs">Inputs</a></nav>'
+    '<a href="#latency">Latency vs load</a><a href="#inputs">Inputs</a></nav>'
 )
 
 
@@ -454,6 +455,13 @@ def adaptive(d: ReportData) -> list[str]:
     return h + [figure_or_missing(d.figs.get("adaptive_eval"), "No adaptive evaluation plot.")]
 
 
+def latency(d: ReportData) -> list[str]:
+    """Server mode: TTFT / TPOT against request rate or concurrency, with and without SD."""
+    from speclab.report.latency import section
+
+    return section(d.server_rows, d.figs.get("latency"), (d.rows or []) + (d.server_rows or []))
+
+
 # The report's sections in page order (the nav bar above links to their ids).
 SECTIONS = (
     summary,
@@ -465,5 +473,6 @@ SECTIONS = (
     oracle,
     adaptive,
     validation,
+    latency,
     inputs,
 )

@@ -1,0 +1,172 @@
+"""vLLM's own load generator (`vllm bench serve`) driven with the bench's own prompts.
+
+    python -m speclab.server.loadgen --speclab-prompts PROMPTS.jsonl [any `vllm bench serve` flag ...]
+
+This is `vllm bench serve` (its argument parser, arrival process, concurrency limit, streaming client, TTFT /
+TPOT / ITL / goodput arithmetic and result JSON), with one step replaced: the dataset. vLLM's file datasets
+(`custom`, `sharegpt`, ...) take prompt *text* and re-tokenise it on the client and again on the server (and
+`custom` applies the chat template itself); its token-level `timed_trace` dataset synthesises random tokens.
+A server cell must send exactly the token ids the offline bench ran (rendered once by
+speclab.bench.preflight), so that its acceptance can be compared with the offline engine's counters for the
+same requests; vLLM's completions backends send a `prompt` given as token ids unchanged. PROMPTS.jsonl has
+one line per request, in order: {"id": str, "prompt_token_ids": [int], "max_tokens": int}.
+
+`load_requests` builds vLLM's own `SampleRequest`s from it; `main` installs them in place of
+`vllm.benchmarks.serve.get_samples` and runs `vllm.benchmarks.serve.main`. The caller passes
+`--dataset-name custom --dataset-path PROMPTS.jsonl` so that vLLM's dataset-specific defaults (e.g. random's
+forced ignore_eos) stay off; `--num-prompts` takes the first N lines.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from speclab.errors import SpeclabError
+
+
+def read_prompts(path: str | Path) -> list[dict[str, Any]]:
+    out = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            ids = [int(t) for t in d["prompt_token_ids"]]
+            out.append({"id": str(d["id"]), "prompt_token_ids": ids, "max_tokens": int(d["max_tokens"])})
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise SpeclabError(f"{path}:{i}: not a prompt line ({exc})") from None
+    if not out:
+        raise SpeclabError(f"{path}: no prompts")
+    return out
+
+
+def write_prompts(path: str | Path, prompts: list[tuple[str, list[int]]], max_tokens: int) -> None:
+    from speclab.atomic import atomic_write_text
+
+    atomic_write_text(
+        path,
+        "".join(
+            json.dumps({"id": pid, "prompt_token_ids": ids, "max_tokens": max_tokens}) + "\n"
+            for pid, ids in prompts
+        ),
+    )
+
+
+def load_requests(path: str | Path, num_prompts: int, request_id_prefix: str = "") -> list[Any]:
+    """vLLM SampleRequests (prompt = token ids) for the first `num_prompts` lines of the prompts file."""
+    from vllm.benchmarks.datasets import SampleRequest
+
+    prompts = read_prompts(path)
+    if num_prompts > len(prompts):
+        raise SpeclabError(f"{path}: {len(prompts)} prompts, {num_prompts} asked for")
+    return [
+        SampleRequest(
+            prompt=p["prompt_token_ids"],
+            prompt_len=len(p["prompt_token_ids"]),
+            expected_output_len=p["max_tokens"],
+            request_id=f"{request_id_prefix}{i}",
+        )
+        for i, p in enumerate(prompts[:num_prompts])
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vllm.benchmarks import serve as vserve
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(
+        prog="python -m speclab.server.loadgen", description=__doc__.splitlines()[0]
+    )
+    vserve.add_cli_args(parser)
+    parser.add_argument("--speclab-prompts", required=True, help="PROMPTS.jsonl: token-id prompts, in order")
+    args = parser.parse_args(argv)
+    requests = load_requests(args.speclab_prompts, args.num_prompts, args.request_id_prefix)
+
+    def samples(_args: Any, _tokenizer: Any) -> list[Any]:
+        return requests
+
+    vserve.get_samples = samples  # the dataset step only; everything else is vllm bench serve's
+    vserve.main(args)
+    return 0
+
+
+def loadgen_command(
+    *,
+    prompts: Path,
+    base_url: str,
+    tokenizer: str,
+    num_prompts: int,
+    request_rate: float | None,
+    concurrency: int | None,
+    burstiness: float,
+    seed: int,
+    ignore_eos: bool,
+    goodput: list[str],
+    result_dir: Path,
+    request_id_prefix: str,
+) -> list[str]:
+    """The load generator's command line for one cell (loopback only; results saved with per-request detail,
+    generated texts included, for the token-exactness check)."""
+    if not base_url.startswith("http://127.0.0.1:"):
+        raise SpeclabError(f"load generator: {base_url} is not a loopback address (127.0.0.1)")
+    cmd = [
+        sys.executable,
+        "-m",
+        "speclab.server.loadgen",
+        "--speclab-prompts",
+        str(prompts),
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        str(prompts),
+        "--backend",
+        "vllm",
+        "--base-url",
+        base_url,
+        "--endpoint",
+        "/v1/completions",
+        "--tokenizer",
+        tokenizer,
+        "--num-prompts",
+        str(num_prompts),
+        # open loop: Poisson arrivals at this rate; closed loop: everything queued at once, N in flight
+        "--request-rate",
+        "inf" if request_rate is None else f"{request_rate:g}",
+        "--burstiness",
+        f"{burstiness:g}",
+        "--seed",
+        str(seed),
+        "--temperature",
+        "0",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,99",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        "result.json",
+        "--request-id-prefix",
+        request_id_prefix,
+        "--disable-tqdm",
+    ]
+    if concurrency is not None:
+        cmd += ["--max-concurrency", str(concurrency)]
+    if ignore_eos:
+        cmd.append("--ignore-eos")
+    if goodput:
+        cmd += ["--goodput", *goodput]
+    return cmd
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except SpeclabError as exc:
+        print(f"speclab loadgen: {exc}", file=sys.stderr)
+        sys.exit(2)
