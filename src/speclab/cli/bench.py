@@ -74,6 +74,16 @@ def _str_list(value: str | None) -> list[str] | None:
     multiple=True,
     help="Measure cells again even if done: a cell id glob, e.g. 'none.*.b1.*' (repeatable).",
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="auto",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Run each engine as a Ray task: on the cluster at ADDRESS, or (no ADDRESS) the running cluster, "
+    "else a local one on 127.0.0.1. Needs the ray extra. Put it after SWEEP.",
+)
 @click.option("--dry-run", is_flag=True, help="Check the sweep and list its engines and cells; run nothing.")
 @click.option(
     "--no-progress", is_flag=True, help="No progress bar (one line per finished cell still printed)."
@@ -92,6 +102,7 @@ def run_cmd(
     enforce_eager: bool | None,
     cell_timeout: float | None,
     redo: tuple[str, ...],
+    ray_address: str | None,
     dry_run: bool,
     no_progress: bool,
 ) -> None:
@@ -115,6 +126,10 @@ def run_cmd(
         "engine.enforce_eager": enforce_eager,
         "repeats": repeats,
     }
+    if ray_address is not None:
+        from speclab.raycluster import import_ray
+
+        import_ray()  # one line now if the extra is missing, not after the checks
     spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods))
     run_dir = out or f"runs/{spec.name}"
     cells = expand_cells(spec)
@@ -142,6 +157,7 @@ def run_cmd(
         prompt_provider=provider,
         cell_timeout_s=cell_timeout,
         redo=list(redo),
+        ray_address=ray_address,
         progress=not no_progress and sys.stderr.isatty(),
         echo=lambda s: click.echo(s, err=True),
         command_line=shlex.join(["speclab", *sys.argv[1:]]),
