@@ -19,6 +19,7 @@ import pytest
 from speclab.bench import raybench
 from speclab.bench.attempts import attempt_dirs, new_attempt
 from speclab.bench.cells import expand_cells, group_engines
+from speclab.bench.compare import compare_runs, format_comparison
 from speclab.bench.results import ResultsStore
 from speclab.bench.runner import run_sweep
 from speclab.bench.show import load_rows
@@ -187,9 +188,25 @@ def test_ray_path_gives_the_serial_cells_and_outputs(tmp_path, fake_env, monkeyp
             assert a[cid][key] == b[cid][key], (cid, key)
     assert (tmp_path / "ray" / "timings.csv").read_text() == (tmp_path / "serial" / "timings.csv").read_text()
     assert sorted(cells_streamed(tmp_path / "ray")) == sorted(a)
+    c = compare_runs(tmp_path / "serial", tmp_path / "ray")
+    assert c.same and len(c.ratios) == 18 and all(t == pytest.approx(1.0) for _, t, _ in c.ratios)
+
+
+def test_compare_finds_different_outputs_and_missing_cells(tmp_path, fake_env, monkeypatch):
+    spec, _ = spec_of(SWEEP.replace("[1, 4, 16]", "[1, 4]"), tmp_path)
+    run_sweep(spec, tmp_path / "a", fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    monkeypatch.setenv("FAKE_LOSSY_METHOD", "ngram")
+    spec_b, _ = spec_of(SWEEP.replace("[1, 4, 16]", "[1, 4, 16]"), tmp_path)
+    run_sweep(spec_b, tmp_path / "b", fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    c = compare_runs(tmp_path / "a", tmp_path / "b")
+    assert not c.same
+    assert len(c.only_b) == 6 and not c.only_a
+    assert sorted(cid.split(".")[0] for cid, _ in c.differ) == ["ngram"] * 4
+    assert "DIFFERENT" in format_comparison(c, "a", "b")
 
 
 def test_a_lost_task_is_resubmitted_without_its_finished_cells(tmp_path, fake_env, monkeypatch):
+    monkeypatch.setenv("FAKE_SLEEP", "0.15")  # cells stream one by one
     spec, _ = spec_of(tmp=tmp_path)
     layer = InProcessTasks(lose_after={"ngram": 2})
     out = run_fake_ray(spec, tmp_path / "run", layer, monkeypatch)
@@ -322,7 +339,7 @@ def test_local_ray_cluster_kill_a_worker_then_the_driver_and_rerun(tmp_path, fak
                 drv.wait()
         done_before = {cid for cid, r in ResultsStore(run).rows.items() if r["status"] == "ok"}
         assert 2 <= len(done_before) < 18
-        time.sleep(2.0)  # the engine task goes with its driver, the fake worker with its Ray worker
+        time.sleep(3.0)  # the engine task goes with its driver, the fake worker with its Ray worker
         ran_before = ran(fake_env)
         time.sleep(1.0)
         assert ran(fake_env) == ran_before, "an engine outlived the killed driver"

@@ -207,8 +207,10 @@ class RayTasks:
         return out
 
     def cancel(self, handle: Any) -> None:
+        # not force: the task gets KeyboardInterrupt, so stream_job stops its worker and removes its
+        # directory (a driver that exits kills its tasks' processes anyway; the worker dies with them)
         with contextlib.suppress(Exception):
-            self.ray.cancel(handle, force=True)
+            self.ray.cancel(handle)
 
 
 def _one_line(exc: BaseException) -> str:

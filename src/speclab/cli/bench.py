@@ -3,6 +3,7 @@
 speclab bench SWEEP.toml --out RUN        run (or resume) a sweep file
 speclab bench --preset demo-cpu --out RUN run a shipped sweep preset
 speclab bench show RUN [--json]           the results table
+speclab bench compare RUN_A RUN_B         same cells, token-exact outputs, throughput ratios
 speclab bench presets                     list sweep presets
 """
 
@@ -19,7 +20,7 @@ import click
 from speclab.cli import batch_size_list
 from speclab.errors import ConfigError
 
-_SUBCOMMANDS = ("run", "show", "presets")
+_SUBCOMMANDS = ("run", "show", "presets", "compare")
 
 
 class _BenchGroup(click.Group):
@@ -39,6 +40,7 @@ def command() -> None:
     speclab bench SWEEP.toml --out RUN         run (or resume) a sweep
     speclab bench --preset demo-cpu --out RUN  run a shipped preset (see `speclab bench presets`)
     speclab bench show RUN                     print the results table
+    speclab bench compare RUN_A RUN_B          same cells and outputs? throughput ratios
     """
 
 
@@ -194,6 +196,20 @@ def show_cmd(run_dir: str, as_json: bool) -> None:
     from speclab.bench.show import format_run, rows_json
 
     click.echo(rows_json(run_dir) if as_json else format_run(run_dir))
+
+
+@command.command("compare")
+@click.argument("run_a", type=click.Path(file_okay=False))
+@click.argument("run_b", type=click.Path(file_okay=False))
+def compare_cmd(run_a: str, run_b: str) -> None:
+    """Two runs of one sweep (e.g. serial and --ray): the same cells, token-exact outputs, and the throughput
+    and speedup of B over A per cell. Exit 1 when cells or outputs differ."""
+    from speclab.bench.compare import compare_runs, format_comparison
+
+    c = compare_runs(run_a, run_b)
+    click.echo(format_comparison(c, run_a, run_b))
+    if not c.same:
+        sys.exit(1)
 
 
 @command.command("presets")
