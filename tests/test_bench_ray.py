@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +57,11 @@ def test_stream_job_yields_every_cell_line_then_the_exit(tmp_path, fake_env, mon
     node_tmp = tmp_path / "node-tmp"
     node_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(node_tmp))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = node_tmp / f"{raybench.TMP_PREFIX}killed"  # left by a task whose process was SIGKILLed
+    stale.mkdir()
+    (stale / "owner.pid").write_text(str(dead.pid))
     spec, _ = spec_of(SWEEP.replace("[1, 4, 16]", "[1, 4]"), tmp_path)
     g = group_engines(spec, expand_cells(spec))[1]  # ngram
     att = new_attempt(tmp_path / "run", g, g.cells, {w: fake_prompts(w) for w in spec.workloads})
@@ -67,7 +73,7 @@ def test_stream_job_yields_every_cell_line_then_the_exit(tmp_path, fake_env, mon
     assert [json.loads(ln)["cell_id"] for ln in lines] == [c.cell_id for c in g.cells]
     timings = "".join(i.get("timings", "") for i in items)
     assert timings.startswith("kind,") and "draft:ngram" in timings
-    assert not list(node_tmp.iterdir()), "the task's temporary directory was left behind"
+    assert not list(node_tmp.iterdir()), "a task's temporary directory was left behind"
 
 
 def test_stream_job_closed_early_stops_the_worker(tmp_path, fake_env, monkeypatch):
@@ -201,7 +207,7 @@ def test_compare_finds_different_outputs_and_missing_cells(tmp_path, fake_env, m
     c = compare_runs(tmp_path / "a", tmp_path / "b")
     assert not c.same
     assert len(c.only_b) == 6 and not c.only_a
-    assert sorted(cid.split(".")[0] for cid, _ in c.differ) == ["ngram"] * 4
+    assert sorted(cid.split(".")[0] for cid, _ in c.differ) == ["ngram-k3"] * 4
     assert "DIFFERENT" in format_comparison(c, "a", "b")
 
 
@@ -222,12 +228,12 @@ def test_a_lost_task_is_resubmitted_without_its_finished_cells(tmp_path, fake_en
 
 
 def test_an_engine_crash_under_ray_fails_only_its_cell(tmp_path, fake_env, monkeypatch):
-    monkeypatch.setenv("FAKE_CRASH_CELL", "draft_model.offline-math.cont.b4")
+    monkeypatch.setenv("FAKE_CRASH_CELL", "draft_model-k3.offline-math.cont.b4")
     spec, _ = spec_of(tmp=tmp_path)
     out = run_fake_ray(spec, tmp_path / "run", InProcessTasks(), monkeypatch)
     rows = {r["cell_id"]: r for r in load_rows(tmp_path / "run")}
     bad = [cid for cid, r in rows.items() if r["status"] != "ok"]
-    assert out.failed == 1 and len(bad) == 1 and bad[0].startswith("draft_model.offline-math.cont.b4")
+    assert out.failed == 1 and len(bad) == 1 and bad[0].startswith("draft_model-k3.offline-math.cont.b4")
     assert "SIGKILL" in rows[bad[0]]["error"]
     assert len(rows) == 18
 
@@ -291,6 +297,7 @@ def local_ray_cluster(env: dict[str, str], timeout_s: float = 120) -> Any:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
         log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 DRIVER = (

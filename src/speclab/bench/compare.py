@@ -34,7 +34,7 @@ def _rows(run: Path) -> dict[str, dict[str, Any]]:
     path = run / "results.jsonl"
     if not path.is_file():
         raise ConfigError(f"{run}: no results.jsonl (not a bench run directory)")
-    return {r["cell_id"]: r for r in parse_rows(path)}
+    return parse_rows(path)
 
 
 def _outputs(run: Path, row: dict[str, Any]) -> dict[str, list[int]] | None:

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 ENGINE_RESOURCE = "speclab_engine"
 LOST_RETRIES = 3  # Ray losing an engine's task this many times in a row without a finished cell: give up
 LOG_BYTES = 64 << 10  # the end of the worker log sent back with the exit status
+TMP_PREFIX = "speclab-ray-"  # a task's directory on its node (job, cells, timings, log), removed at its end
 
 
 # --- node side -----------------------------------------------------------------------------------------------
@@ -83,7 +84,9 @@ def stream_job(
     {"node": host, "pid": this process} once; {"cells": lines, "timings": lines} whenever the worker wrote
     complete lines; {"exit": status, "reason": one line, "log": the log's end} last. `cell_timeout_s`: stop a
     worker that finishes no cell for that long (start-up included), as the serial runner does."""
-    tmp = Path(tempfile.mkdtemp(prefix="speclab-ray-"))
+    _sweep_stale_dirs()
+    tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
+    (tmp / "owner.pid").write_text(str(os.getpid()))
     proc = None
     try:
         job = dict(job, timings_csv=str(tmp / "timings.csv"))
@@ -124,6 +127,18 @@ def stream_job(
         if proc is not None:  # the stream was closed or cancelled: the engine goes with it
             stop_worker(proc)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _sweep_stale_dirs() -> None:
+    """Remove the directories of earlier tasks on this node whose process was killed (no finally ran)."""
+    for d in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}*"):
+        try:
+            pid = int((d / "owner.pid").read_text())
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (OSError, ValueError):  # being created, or not ours to judge
+            continue
 
 
 def engine_task(job: dict[str, Any], cell_timeout_s: float | None, poll_s: float) -> Iterator[dict]:
