@@ -19,7 +19,8 @@ PORT=${PORT:-6390}
 KILL_WORKER_AT=${KILL_WORKER_AT:-3}
 KILL_DRIVER_AT=${KILL_DRIVER_AT:-9}
 read -r -a SWEEP <<<"${SWEEP_ARGS:---preset demo-cpu --repeats 1}"
-BENCH=("$PY" -m speclab bench "${SWEEP[@]}" "$@" --no-progress)
+SPECLAB=("$PY" -c "from speclab.cli import main; main()")  # this checkout's speclab (PYTHONPATH=src)
+BENCH=("${SPECLAB[@]}" bench "${SWEEP[@]}" "$@" --no-progress)
 RAY="$(dirname "$PY")/ray"
 [ -x "$RAY" ] || RAY=ray
 ADDR=127.0.0.1:$PORT
@@ -88,4 +89,4 @@ print(f"check: {len(rows)} rows, {sum(seen.values())} cell results streamed; run
       f"lost: {missing or 'none'}; attempts: {len(attempt_dirs(run))}")
 sys.exit(1 if twice or missing else 0)
 EOF
-"$PY" -m speclab bench compare "$OUT/serial" "$OUT/ray"
+"${SPECLAB[@]}" bench compare "$OUT/serial" "$OUT/ray"

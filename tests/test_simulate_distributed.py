@@ -45,11 +45,14 @@ def numbers(r) -> dict:
 POLICIES = ["fixed:ngram:3", "oracle:eagle", "oracle-combine:ngram,eagle", "none"]
 
 
-def test_plan_one_task_per_set_policy_and_batch_size_or_all_policies_under_common_lengths():
-    t = plan(["a", "b"], ["none", "fixed:ngram:3"], [1, 8, 1], {})
+def test_plan_one_task_per_set_and_batch_size_or_per_policy_too():
+    both = ("none", "fixed:ngram:3")
+    t = plan(["a", "b"], list(both), [1, 8, 1], {})
+    assert t == [SimTask(n, both, b) for n in "ab" for b in (1, 8)]
+    t = plan(["a", "b"], list(both), [1, 8, 1], {}, by_policy=True)
     assert len(t) == 8 and t[0] == SimTask("a", ("none",), 1) and t[-1] == SimTask("b", ("fixed:ngram:3",), 8)
-    t = plan(["a"], ["none", "fixed:ngram:3"], [1, 8], {"lengths": "common"})
-    assert t == [SimTask("a", ("none", "fixed:ngram:3"), 1), SimTask("a", ("none", "fixed:ngram:3"), 8)]
+    t = plan(["a"], list(both), [1, 8], {"lengths": "common"}, by_policy=True)
+    assert t == [SimTask("a", both, 1), SimTask("a", both, 8)]
 
 
 @pytest.mark.parametrize(
@@ -60,10 +63,13 @@ def test_plan_one_task_per_set_policy_and_batch_size_or_all_policies_under_commo
         ("static", "total", {"lengths": "common"}),
     ],
 )
-def test_split_rows_equal_one_simulate_call(batching, aggregate, opts):
+@pytest.mark.parametrize("by_policy", [False, True])
+def test_split_rows_equal_one_simulate_call(batching, aggregate, opts, by_policy):
     sets = {"a": traces(12, 1), "b": traces(9, 2)}
     sizes = [1, 4, 16]
-    rows = simulate_sweep(sets, "llama3.1-8b-h100", POLICIES, batching, sizes, aggregate, 7, **opts)
+    rows = simulate_sweep(
+        sets, "llama3.1-8b-h100", POLICIES, batching, sizes, aggregate, 7, by_policy=by_policy, **opts
+    )
     assert [(n, r.batch_size, r.policy) for n, r in rows] == [
         (n, b, p) for n in sets for b in sizes for p in POLICIES
     ]
@@ -87,7 +93,14 @@ def test_on_a_local_ray_cluster_the_rows_are_the_same():
     pols = ["fixed:ngram:3", "oracle-combine:ngram,eagle"]
     msgs: list[str] = []
     rows = simulate_sweep(
-        sets, "llama3.1-8b-h100", pols, "continuous", [1, 8], ray_address="local", echo=msgs.append
+        sets,
+        "llama3.1-8b-h100",
+        pols,
+        "continuous",
+        [1, 8],
+        ray_address="local",
+        echo=msgs.append,
+        by_policy=True,
     )
     serial = simulate_sweep(sets, "llama3.1-8b-h100", pols, "continuous", [1, 8])
     assert [(n, numbers(r)) for n, r in rows] == [(n, numbers(r)) for n, r in serial]

@@ -1,12 +1,13 @@
 """A simulation sweep (policies x batch sizes x trace sets) split into independent tasks, run one after the
 other here or as Ray tasks (`speclab simulate --ray`, `simulate_sweep(..., ray_address=...)`).
 
-One task = one trace set x one policy x one batch size: `simulate()` on exactly that, so its rows are the
-rows a single `simulate()` call over the whole sweep gives (each policy is simulated against its own
-baseline, the study's sampling and miss draws are seeded per policy and batch size; tests check equality).
-The price of the split is that every task simulates its own no-SD baseline, which one call shares between
-its policies. With lengths="common" every policy runs over the lengths of all the sweep's methods, so a task
-then keeps all policies together (one task per trace set x batch size).
+One task = one trace set x one batch size (all policies), or with by_policy=True one trace set x one policy
+x one batch size: `simulate()` on exactly that, so its rows are the rows a single `simulate()` call over the
+whole sweep gives (each policy is simulated against its own baseline, the study's sampling and miss draws
+are seeded per policy and batch size; tests check equality). The price of splitting by policy is that every
+task simulates its own no-SD baseline, which one call shares between its policies; and every task reads its
+whole trace set. With lengths="common" every policy runs over the lengths of all the sweep's methods, so a
+task then keeps all policies together whatever by_policy says.
 
 Each trace set goes to the Ray object store once (`ray.put`) and every task of that set reads it from there;
 the traces need no shared filesystem.
@@ -31,10 +32,16 @@ class SimTask:
 
 
 def plan(
-    trace_sets: list[str], policies: list[str], batch_sizes: list[int], opts: dict[str, Any]
+    trace_sets: list[str],
+    policies: list[str],
+    batch_sizes: list[int],
+    opts: dict[str, Any],
+    by_policy: bool = False,
 ) -> list[SimTask]:
-    """The tasks of a sweep, in the order its rows come out: trace set, batch size, then policy as given."""
-    together = opts.get("lengths") == "common"
+    """The tasks of a sweep, in the order its rows come out: trace set, batch size, then policy as given.
+    One task per trace set and batch size (its policies share one baseline), or with by_policy one per
+    policy too (more tasks to spread, each simulating its own baseline; not under lengths="common")."""
+    together = not by_policy or opts.get("lengths") == "common"
     out = []
     for name in trace_sets:
         for b in dict.fromkeys(int(x) for x in batch_sizes):
@@ -70,14 +77,15 @@ def simulate_sweep(
     seed: int = 42,
     ray_address: str | None = None,
     echo: Callable[[str], None] = print,
+    by_policy: bool = False,
     **opts: Any,
 ) -> list[tuple[str, SimResult]]:
     """Every policy at every batch size on every trace set: (trace set, result) rows ordered by trace set,
     batch size, then policy as given. ray_address: run the tasks on that Ray cluster ("auto": the running
     one, else a local one on loopback); None: here, one after the other. Each result's notes are those of
-    every task of its trace set."""
+    every task of its trace set. by_policy: one task per policy too (see plan)."""
     check_args(policies, batching, batch_sizes, aggregate, opts)  # bad input fails here, not in a task
-    tasks = plan(list(trace_sets), policies, batch_sizes, opts)
+    tasks = plan(list(trace_sets), policies, batch_sizes, opts, by_policy)
     if ray_address is None:
         parts = [
             run_task(trace_sets[t.trace_set], cost_model, t, batching, aggregate, seed, opts) for t in tasks
