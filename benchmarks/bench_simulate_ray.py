@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_simulator import synthetic_traces  # noqa: E402
 
+from speclab.raycluster import start_local  # noqa: E402
 from speclab.simulate.distributed import simulate_sweep  # noqa: E402
 
 TARGET = 10**8
@@ -72,7 +73,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     if a.ray == "local":  # a fresh loopback cluster, timed apart from the sweeps
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1")
+        start_local(ray, None, {"logging_level": "WARNING"})
     else:
         ray.init(address=a.ray)
     t_start = time.perf_counter() - t0

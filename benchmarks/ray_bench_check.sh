@@ -14,6 +14,11 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} RAY_USAGE_STATS_ENABLED=0
+# loopback only: keep the node address 127.0.0.1, so every Ray server binds to it (speclab.raycluster); the
+# cluster and its drivers share a fresh token (Ray's token authentication)
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=token
+RAY_AUTH_TOKEN=$("$PY" -c "import secrets; print(secrets.token_hex(32))")
+export RAY_AUTH_TOKEN
 OUT=${OUT:-runs/raycheck}
 PORT=${PORT:-6390}
 KILL_WORKER_AT=${KILL_WORKER_AT:-3}
@@ -51,12 +56,14 @@ stop_cluster() {
   kill -KILL -- "-$head_pid" 2>/dev/null || true
 }
 trap stop_cluster EXIT
-for i in $(seq 120); do
+for i in $(seq 120); do  # bounded: 120 tries
   timeout 60 "$RAY" health-check --address "$ADDR" >/dev/null 2>&1 && break
   [ "$i" -lt 120 ] || { echo "check: the cluster did not come up"; exit 1; }
   sleep 1
 done
 
+echo "check: the cluster listens on: $(ss -ltnpH | grep -E "pid=($(ps -o pid= -g "$head_pid" | xargs | tr ' ' '|'))," \
+  | awk '{print $4}' | sort -u | xargs)"
 echo "== 2a. Ray run; kill the engine's Ray worker after $KILL_WORKER_AT cells, the driver after $KILL_DRIVER_AT"
 timeout 3600 "${BENCH[@]}" --out "$OUT/ray" --ray "$ADDR" &
 drv=$!

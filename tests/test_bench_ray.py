@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from speclab import raycluster
 from speclab.bench import raybench
 from speclab.bench.attempts import attempt_dirs, new_attempt
 from speclab.bench.cells import expand_cells, group_engines
@@ -267,6 +269,7 @@ def local_ray_cluster(env: dict[str, str], timeout_s: float = 120) -> Any:
     ray_bin = Path(sys.executable).with_name("ray")
     port = _free_port()
     tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths have a length limit
+    env = dict(env, **raycluster.LOOPBACK_ENV, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     cmd = [
         str(ray_bin), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
         "--num-cpus", "2", "--resources", json.dumps({raybench.ENGINE_RESOURCE: 1}),
@@ -286,7 +289,8 @@ def local_ray_cluster(env: dict[str, str], timeout_s: float = 120) -> Any:
             if proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"ray start failed: {(Path(tmp) / 'start.log').read_text()[-2000:]}")
             time.sleep(1)
-        yield address
+        yield address, env
+        assert set(listening(proc.pid)) <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening(proc.pid)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -298,6 +302,21 @@ def local_ray_cluster(env: dict[str, str], timeout_s: float = 120) -> Any:
             proc.wait(timeout=10)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def listening(pgid: int) -> list[str]:
+    """The addresses the cluster's processes (its process group) listen on, from `ss` (TCP)."""
+    pids = set(
+        subprocess.run(["ps", "-o", "pid=", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
+    )
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    addrs = []
+    for line in out.splitlines():
+        if any(f"pid={p}," in line for p in pids):
+            local = line.split()[3]
+            addrs.append(local.rsplit(":", 1)[0].strip("[]"))
+    assert addrs, "found no listening socket of the cluster (ss?)"
+    return addrs
 
 
 DRIVER = (
@@ -325,7 +344,7 @@ def test_local_ray_cluster_kill_a_worker_then_the_driver_and_rerun(tmp_path, fak
     env = dict(os.environ, FAKE_SLEEP="0.4", FAKE_PARENTS=str(parents), RAY_USAGE_STATS_ENABLED="0")
     src = str(Path(__file__).resolve().parents[1] / "src")
     env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
-    with local_ray_cluster(env) as address:
+    with local_ray_cluster(env) as (address, env):
         drv = subprocess.Popen([sys.executable, str(driver), str(sweep), str(run), address], env=env)
         try:
             # 1. the first engine has finished two cells: kill the Ray worker process that runs its task
