@@ -50,7 +50,9 @@ setsid "$RAY" start --head --block --node-ip-address 127.0.0.1 --port "$PORT" --
   --resources '{"speclab_engine": 1}' --include-dashboard false --disable-usage-stats --temp-dir "$tmp" \
   >"$OUT/ray-start.log" 2>&1 &
 head_pid=$!
+drv=
 stop_cluster() {
+  [ -z "$drv" ] || kill -KILL "$drv" 2>/dev/null || true  # a driver left behind by a failed check
   kill -TERM -- "-$head_pid" 2>/dev/null || true
   for _ in $(seq 30); do kill -0 "$head_pid" 2>/dev/null || break; sleep 1; done
   kill -KILL -- "-$head_pid" 2>/dev/null || true
@@ -65,7 +67,7 @@ done
 echo "check: the cluster listens on: $(ss -ltnpH | grep -E "pid=($(ps -o pid= -g "$head_pid" | xargs | tr ' ' '|'))," \
   | awk '{print $4}' | sort -u | xargs)"
 echo "== 2a. Ray run; kill the engine's Ray worker after $KILL_WORKER_AT cells, the driver after $KILL_DRIVER_AT"
-timeout 3600 "${BENCH[@]}" --out "$OUT/ray" --ray "$ADDR" &
+"${BENCH[@]}" --out "$OUT/ray" --ray "$ADDR" &  # no `timeout` wrapper: $! must be the driver itself
 drv=$!
 wait_rows "$OUT/ray" "$KILL_WORKER_AT" 1800 "$drv"
 eng=$(pgrep -f "speclab.engine.worker --job /tmp/speclab-ray-" | head -1)
