@@ -56,6 +56,7 @@ stop_cluster() {
   kill -TERM -- "-$head_pid" 2>/dev/null || true
   for _ in $(seq 30); do kill -0 "$head_pid" 2>/dev/null || break; sleep 1; done
   kill -KILL -- "-$head_pid" 2>/dev/null || true
+  rm -rf "$tmp"
 }
 trap stop_cluster EXIT
 for i in $(seq 120); do  # bounded: 120 tries
