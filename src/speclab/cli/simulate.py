@@ -1,4 +1,8 @@
-"""`speclab simulate`: predict SD throughput per batch size from traces and a cost model."""
+"""`speclab simulate`: predict SD throughput per batch size from traces and a cost model.
+
+About 415 lines: one command with many options (the study's rules, trace sets, Ray, CSV/JSON/plot output,
+--recommend); the simulation itself lives in speclab.simulate.
+"""
 
 from __future__ import annotations
 
