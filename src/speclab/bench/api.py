@@ -117,8 +117,10 @@ def run_bench(
     command_line: str | None = None,
     cell_timeout_s: float | None = None,
     redo: list[str] | None = None,
+    ray_address: str | None = None,
 ) -> SweepOutcome:
-    """Validate against the machine (before any model loads), render all prompts, then run the sweep."""
+    """Validate against the machine (before any model loads), render all prompts, then run the sweep.
+    ray_address: run each engine as a Ray task on that cluster ("auto": the running one or a local one)."""
     from speclab.bench.cells import expand_cells
     from speclab.bench.results import ResultsStore
 
@@ -149,4 +151,5 @@ def run_bench(
         command_line=command_line,
         cell_timeout_s=cell_timeout_s,
         redo=redo,
+        ray_address=ray_address,
     )

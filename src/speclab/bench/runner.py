@@ -11,9 +11,10 @@ Crash safety: the worker appends one line per finished cell and the runner turns
 as soon as it appears, so killing the runner, the worker or both loses at most the cell in flight; on the next
 run, lines that a worker wrote but the runner never saw are picked up first (nothing is run twice).
 
-Size: about 450 lines; it is one state machine (attempts, ingest, timeouts, resume, the serial and the
-interleaved-repeats paths share it). Progress, attempts, launch and repeat bookkeeping already live in
-bench/progress.py, bench/attempts.py, engine/launch.py and bench/interleave.py.
+Size: about 470 lines; it is one state machine (attempts, ingest, timeouts, resume, the serial, the
+interleaved-repeats and the Ray paths share it). Progress, attempts, launch, repeat bookkeeping and the Ray
+dispatch already live in bench/progress.py, bench/attempts.py, engine/launch.py, bench/interleave.py and
+bench/raybench.py.
 """
 
 from __future__ import annotations
@@ -96,8 +97,12 @@ class SweepRunner(RepeatUnits):
         spec_text: str | None = None,
         command_line: str | None = None,
         redo: list[str] | None = None,
+        ray_address: str | None = None,
     ) -> None:
         self.spec = spec
+        # None: engines one after the other in local subprocesses; else each engine is a Ray task on the
+        # cluster at this address ("auto": the running cluster, or a local one on loopback; bench/raybench.py)
+        self.ray_address = ray_address
         self.run_dir = Path(run_dir)
         self.prompt_provider = prompt_provider
         self.progress_enabled = progress
@@ -164,16 +169,20 @@ class SweepRunner(RepeatUnits):
                 f"resuming {rd}: {skipped + n_recovered} of {len(self.cells)} cells already done"
                 + (f" ({n_recovered} recovered from a killed run)" if n_recovered else "")
             )
-        interleaved = self.spec.repeats > 1
-        if interleaved:
+        interleaved = self.spec.repeats > 1 and self.ray_address is None
+        if self.spec.repeats > 1:
             todo = unit_groups(todo, missing)
         self._eta = Eta(todo, self.spec.enforce_eager)
         n_units = sum(len(g.cells) for g in todo)
         self._progress = Progress(n_units, self.progress_enabled, self.echo, self._eta)
         try:
-            if interleaved:
+            if self.ray_address is not None:
+                from speclab.bench.raybench import RayDispatcher
+
+                RayDispatcher(self, todo, self.ray_address).run()
+            elif interleaved:
                 Interleaver(self, todo).run()
-            for gi, g in enumerate([] if interleaved else todo, 1):
+            for gi, g in enumerate([] if interleaved or self.ray_address is not None else todo, 1):
                 self._run_group(g, gi, len(todo))
                 self._eta.engine_done(g)
         except (KeyboardInterrupt, _Terminated):
@@ -247,28 +256,36 @@ class SweepRunner(RepeatUnits):
             att = new_attempt(self.run_dir, g, remaining, prompt_sets)
             self._progress.status(f"[engine {gi}/{ng}] {g.engine_id}: starting")
             rc, tail = self._run_attempt(att)
-            done = att.done
-            remaining = [c for c in remaining if c.cell_id not in done]
-            if not remaining:
-                break
-            if rc == 0:
-                reason = "the worker exited without running this cell"
-                for c in remaining:
-                    self._fail(c, g, reason)
-                break
-            # a crash (OOM, segfault, kill): the cell in flight is the one it hit; restart for the rest
             reason = f"engine worker {describe_exit(rc)}" + (f": {tail}" if tail else "")
-            self._fail(remaining[0], g, reason)
-            remaining = remaining[1:]
-            no_progress_crashes = 0 if done else no_progress_crashes + 1
-            if remaining and no_progress_crashes >= 2:
-                for c in remaining:
-                    self._fail(c, g, f"not run: engine failed twice in a row ({reason})")
-                break
-            if remaining:
-                self._progress.line(
-                    f"  restarting engine {g.engine_id} for its {len(remaining)} remaining cell(s)"
-                )
+            remaining, no_progress_crashes = self._attempt_over(att, rc, reason, no_progress_crashes)
+
+    def _attempt_over(self, att: Attempt, rc: int, reason: str, crashes: int) -> tuple[list[Cell], int]:
+        """Settle a finished worker run: a crash (OOM, segfault, kill) fails the cell in flight, the one it
+        hit; an exit without running a cell fails the cells left. Returns the cells to restart the engine
+        for (none: the engine is finished) and the count of crashes in a row without a finished cell.
+        `rc`: the worker's exit status; `reason`: why it ended, in one line (for a failed cell's error).
+        Shared by the serial path and `--ray` (bench/raybench.py)."""
+        assert self._progress is not None
+        g = att.group
+        remaining = [c for c in att.cells if c.cell_id not in att.done]
+        if not remaining:
+            return [], 0
+        if rc == 0:
+            for c in remaining:
+                self._fail_unit(c, g, "the worker exited without running this cell")
+            return [], 0
+        self._fail_unit(remaining[0], g, reason)
+        remaining = remaining[1:]
+        crashes = 0 if att.done else crashes + 1
+        if remaining and crashes >= 2:
+            for c in remaining:
+                self._fail_unit(c, g, f"not run: engine failed twice in a row ({reason})")
+            return [], crashes
+        if remaining:
+            self._progress.line(
+                f"  restarting engine {g.engine_id} for its {len(remaining)} remaining cell(s)"
+            )
+        return remaining, crashes
 
     def _run_attempt(self, att: Attempt) -> tuple[int, str]:
         """Run one worker over the attempt's cells, ingesting each result as it appears.

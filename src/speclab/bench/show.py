@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -203,7 +202,3 @@ def contention_note(rows: list[dict[str, Any]]) -> str | None:
         f"that is not recorded, load above {CONTENDED_LOAD_FACTOR:g}x the CPU count): their throughputs are noisy and their speedups may be biased; "
         "rerun them on a quiet machine"
     )
-
-
-def rows_json(run_dir: str | Path) -> str:
-    return json.dumps(load_rows(run_dir), indent=2)

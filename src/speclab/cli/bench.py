@@ -4,6 +4,7 @@ speclab bench SWEEP.toml --out RUN        run (or resume) a sweep file
 speclab bench --preset demo-cpu --out RUN run a shipped sweep preset
 speclab bench SWEEP.toml --server --out RUN  its [server] cells: vllm serve + vllm bench serve
 speclab bench show RUN [--json]           the results table
+speclab bench compare RUN_A RUN_B         same cells, token-exact outputs, throughput ratios
 speclab bench presets                     list sweep presets
 """
 
@@ -21,7 +22,7 @@ from speclab.bench.spec import SweepSpec
 from speclab.cli import batch_size_list
 from speclab.errors import ConfigError
 
-_SUBCOMMANDS = ("run", "show", "presets")
+_SUBCOMMANDS = ("run", "show", "presets", "compare")
 
 
 class _BenchGroup(click.Group):
@@ -41,6 +42,7 @@ def command() -> None:
     speclab bench SWEEP.toml --out RUN         run (or resume) a sweep
     speclab bench --preset demo-cpu --out RUN  run a shipped preset (see `speclab bench presets`)
     speclab bench show RUN                     print the results table
+    speclab bench compare RUN_A RUN_B          same cells and outputs? throughput ratios
     """
 
 
@@ -83,6 +85,16 @@ def _str_list(value: str | None) -> list[str] | None:
     help="Server mode: each engine behind `vllm serve` on loopback, driven by `vllm bench serve` at the "
     "sweep's [server] request rates / concurrency levels (docs/server.md).",
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="auto",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Run each engine as a Ray task: on the cluster at ADDRESS, or (no ADDRESS) the running cluster, "
+    "else a local one on 127.0.0.1. Needs the ray extra. Put it after SWEEP.",
+)
 @click.option("--dry-run", is_flag=True, help="Check the sweep and list its engines and cells; run nothing.")
 @click.option(
     "--no-progress", is_flag=True, help="No progress bar (one line per finished cell still printed)."
@@ -102,6 +114,7 @@ def run_cmd(
     cell_timeout: float | None,
     redo: tuple[str, ...],
     server_mode: bool,
+    ray_address: str | None,
     dry_run: bool,
     no_progress: bool,
 ) -> None:
@@ -125,6 +138,12 @@ def run_cmd(
         "engine.enforce_eager": enforce_eager,
         "repeats": repeats,
     }
+    if ray_address is not None and server_mode:
+        raise click.UsageError("--server and --ray cannot be combined: server cells run on this machine")
+    if ray_address is not None:
+        from speclab.raycluster import import_ray
+
+        import_ray()  # one line now if the extra is missing, not after the checks
     spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods))
     run_dir = out or f"runs/{spec.name}"
     if server_mode:
@@ -155,6 +174,7 @@ def run_cmd(
         prompt_provider=provider,
         cell_timeout_s=cell_timeout,
         redo=list(redo),
+        ray_address=ray_address,
         progress=not no_progress and sys.stderr.isatty(),
         echo=lambda s: click.echo(s, err=True),
         command_line=shlex.join(["speclab", *sys.argv[1:]]),
@@ -250,6 +270,20 @@ def show_cmd(run_dir: str, as_json: bool) -> None:
         if offline:
             click.echo("")
         click.echo(format_server_run(run_dir))
+
+
+@command.command("compare")
+@click.argument("run_a", type=click.Path(file_okay=False))
+@click.argument("run_b", type=click.Path(file_okay=False))
+def compare_cmd(run_a: str, run_b: str) -> None:
+    """Two runs of one sweep (e.g. serial and --ray): the same cells, token-exact outputs, and the throughput
+    and speedup of B over A per cell. Exit 1 when cells or outputs differ."""
+    from speclab.bench.compare import compare_runs, format_comparison
+
+    c = compare_runs(run_a, run_b)
+    click.echo(format_comparison(c, run_a, run_b))
+    if not c.same:
+        sys.exit(1)
 
 
 @command.command("presets")

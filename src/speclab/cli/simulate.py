@@ -1,4 +1,8 @@
-"""`speclab simulate`: predict SD throughput per batch size from traces and a cost model."""
+"""`speclab simulate`: predict SD throughput per batch size from traces and a cost model.
+
+About 415 lines: one command with many options (the study's rules, trace sets, Ray, CSV/JSON/plot output,
+--recommend); the simulation itself lives in speclab.simulate.
+"""
 
 from __future__ import annotations
 
@@ -115,6 +119,23 @@ def _continuous_cols(r, measure: str) -> str:
 
 @click.command(name="simulate")
 @click.option("--traces", "stores", multiple=True, type=click.Path(), help="Trace store (repeatable).")
+@click.option(
+    "--trace-set",
+    "trace_set_args",
+    multiple=True,
+    metavar="NAME=STORE",
+    help="A trace set simulated on its own (repeatable; instead of --traces): rows per set.",
+)
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="auto",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Split the sweep (trace sets x policies x batch sizes) into Ray tasks on the cluster at ADDRESS, "
+    "or (no ADDRESS) the running cluster, else a local one on 127.0.0.1. Needs the ray extra.",
+)
 @click.option("--workload", "workloads", multiple=True, help="Only requests of this workload (repeatable).")
 @click.option(
     "--cost-model", default="llama3.1-8b-h100", show_default=True, help="Preset name or .toml path."
@@ -205,6 +226,8 @@ def _continuous_cols(r, measure: str) -> str:
 @click.option("--recommend-kmax", type=click.IntRange(min=1), default=8, show_default=True, hidden=True)
 def command(
     stores: tuple[str, ...],
+    trace_set_args: tuple[str, ...],
+    ray_address: str | None,
     workloads: tuple[str, ...],
     cost_model: str,
     policies: tuple[str, ...],
@@ -240,8 +263,14 @@ def command(
         for p in _list():
             click.echo(p.name)
         return
-    if not stores:
+    if not stores and not trace_set_args:
         raise ConfigError("--traces STORE is required")
+    if stores and trace_set_args:
+        raise ConfigError("give --traces (one trace set) or --trace-set NAME=STORE (several), not both")
+    if ray_address is not None:
+        from speclab.raycluster import import_ray
+
+        import_ray()
     if not policies and not recommend:
         raise ConfigError("give at least one --policy (see --list-policies)")
     sizes = _parse_sizes(batch_sizes)
@@ -250,26 +279,20 @@ def command(
         raise ConfigError(f"--switch-overhead {switch_overhead}: need a finite number of seconds in 0..1000")
     if plot_path and Path(plot_path).suffix.lower() not in PLOT_FORMATS:
         raise ConfigError(f"--plot {plot_path}: the name must end in {', '.join(PLOT_FORMATS)} (the format)")
-    from speclab.traces import read_store
-
-    stores = tuple(_unique_stores(stores))
-    traces = [r for s in stores for r in read_store(s)]
-    if workloads:
-        traces = [r for r in traces if r.workload in workloads]
-        if not traces:
-            raise ConfigError(f"no requests of workload(s) {', '.join(workloads)} in {', '.join(stores)}")
+    if trace_set_args:
+        sets = _trace_sets(trace_set_args, workloads)
+        if len(sets) > 1 and (recommend or plot_path):
+            raise ConfigError("--recommend and --plot take one trace set (give --traces or one --trace-set)")
+        traces = next(iter(sets.values()))
+    else:
+        stores = tuple(_unique_stores(stores))
+        traces = _read_traces(stores, workloads)
+        sets = {"traces": traces}
     if recommend:
         _recommend(traces, cost_model, _parse_sizes(batch_sizes), recommend_kmax, as_json)
         if not policies:
             return
-    results = simulate(
-        traces,
-        cost_model,
-        list(policies),
-        batching,
-        sizes,
-        aggregate=aggregate,
-        seed=seed,
+    opts = dict(
         ngram_miss_heuristic=heuristic,
         combine_draft=combine_draft,
         switch_overhead=switch_overhead,
@@ -280,15 +303,41 @@ def command(
         sample=sample,
         engine=engine,
     )
+    if ray_address is None and len(sets) == 1:
+        results = simulate(
+            traces, cost_model, list(policies), batching, sizes, aggregate=aggregate, seed=seed, **opts
+        )
+        set_of = [next(iter(sets))] * len(results)
+    else:
+        from speclab.simulate.distributed import simulate_sweep
+
+        pairs = simulate_sweep(
+            sets,
+            cost_model,
+            list(policies),
+            batching,
+            sizes,
+            aggregate=aggregate,
+            seed=seed,
+            ray_address=ray_address,
+            echo=lambda m: click.echo(m, err=True),
+            **opts,
+        )
+        set_of, results = [p[0] for p in pairs], [p[1] for p in pairs]
+    many = len(sets) > 1
     for n in dict.fromkeys(n for r in results for n in r.notes):
         click.echo(f"note: {n}", err=True)
     if csv_path:
         from speclab.atomic import atomic_write_text
 
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=CSV_FIELDS)
+        w = csv.DictWriter(buf, fieldnames=(["trace_set"] if many else []) + CSV_FIELDS)
         w.writeheader()
-        w.writerows(_rows(results))
+        w.writerows(
+            [dict(row, trace_set=name) for name, row in zip(set_of, _rows(results), strict=True)]
+            if many
+            else _rows(results)
+        )
         atomic_write_text(csv_path, buf.getvalue())
     if plot_path:
         _plot(
@@ -297,22 +346,58 @@ def command(
             f"{cost_model} | {batching} | aggregate {aggregate} | {results[0].num_requests} req",
         )
     if as_json:
-        click.echo(json.dumps([r.to_dict() for r in results], indent=2))
+        click.echo(
+            json.dumps(
+                [
+                    dict(r.to_dict(), trace_set=n) if many else r.to_dict()
+                    for n, r in zip(set_of, results, strict=True)
+                ],
+                indent=2,
+            )
+        )
         return
     cont = batching == "continuous"
     head = f"{'batch':>5}  {'policy':<30} {'speedup':>8} {'tok/s':>10} {'acc_len':>7} {'verify%':>7} {'propose%':>8} {'ovh%':>5} {'rejected':>10}"
     if cont:  # the other measure beside the headline one, and the single pass's tail
         head += f" {'makespan' if continuous_measure == 'steady' else 'steady':>9} {'tail%':>6}"
-    click.echo(head)
-    for r in results:
+    width = max(len(n) for n in sets)
+    click.echo((f"{'set':<{width}}  " if many else "") + head)
+    for name, r in zip(set_of, results, strict=True):
         tot = sum(r.time_split_s.values()) or 1.0
         acc = "-" if r.mean_accepted_len is None else f"{r.mean_accepted_len:.2f}"
         click.echo(
-            f"{r.batch_size:>5}  {r.policy:<30} {r.speedup:>7.2f}x {r.throughput_tok_s:>10.1f} {acc:>7} "
+            (f"{name:<{width}}  " if many else "")
+            + f"{r.batch_size:>5}  {r.policy:<30} {r.speedup:>7.2f}x {r.throughput_tok_s:>10.1f} {acc:>7} "
             f"{100 * r.time_split_s['verify'] / tot:>6.1f}% {100 * r.time_split_s['propose'] / tot:>7.1f}% "
             f"{100 * r.time_split_s['overhead'] / tot:>4.1f}% {r.tokens_rejected:>10}"
             + (_continuous_cols(r, continuous_measure) if cont else "")
         )
+
+
+def _read_traces(stores: tuple[str, ...], workloads: tuple[str, ...]) -> list:
+    from speclab.traces import read_store
+
+    traces = [r for s in stores for r in read_store(s)]
+    if workloads:
+        traces = [r for r in traces if r.workload in workloads]
+        if not traces:
+            raise ConfigError(f"no requests of workload(s) {', '.join(workloads)} in {', '.join(stores)}")
+    return traces
+
+
+def _trace_sets(args: tuple[str, ...], workloads: tuple[str, ...]) -> dict[str, list]:
+    """--trace-set NAME=STORE[,STORE...] -> {name: traces}, in the order given."""
+    sets: dict[str, list] = {}
+    for a in args:
+        name, sep, paths = a.partition("=")
+        name = name.strip()
+        stores = tuple(p for p in paths.split(",") if p.strip())
+        if not sep or not name or not stores:
+            raise ConfigError(f"--trace-set {a!r}: expected NAME=STORE (e.g. ic=traces/ic)")
+        if name in sets:
+            raise ConfigError(f"--trace-set {name}: given twice")
+        sets[name] = _read_traces(tuple(_unique_stores(stores)), workloads)
+    return sets
 
 
 def _recommend(traces: list, cost_model: str, sizes: list[int], kmax: int, as_json: bool) -> None:
