@@ -86,7 +86,7 @@ class DraftRecipe:
     k: int = 3  # drafts per step the evaluation replays
     epochs: int = 4
     tokens_per_batch: int = 1024
-    lr: float = 5e-4
+    lr: float = 1e-3
     eval_workloads: list[str] = field(default_factory=lambda: ["offline-math", "offline-chat"])
     eval_prompts: int = 16
     eval_seed: int = 42  # the demo's seed: its prompts are exactly the held-out ones
