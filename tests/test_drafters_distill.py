@@ -21,7 +21,6 @@ from speclab.drafters.distill import (  # noqa: E402
     build_student,
     kl_loss,
     replay_draft,
-    steps_from_acc_len,
     token_batches,
     train_student,
     unique_params,
@@ -95,12 +94,6 @@ def test_token_batches_respect_the_budget(seqs) -> None:
     assert sorted(i for b in batches for i in b) == list(range(len(seqs)))
     for b in batches:
         assert len(b) == 1 or len(b) * max(len(seqs[i].tokens) for i in b) <= 60
-
-
-def test_steps_from_acc_len_by_hand() -> None:
-    # position 0 from prefill; p=1: acc 1 (commit 1); p=2: acc 4 -> 3 accepted (commit 4); p=6: acc 1;
-    # p=7: acc 3 but only one token left -> 1 accepted
-    assert steps_from_acc_len([1, 1, 4, 2, 1, 1, 1, 3], 3) == [0, 3, 0, 1]
 
 
 def test_replay_stepping_equals_naive_drafting(target, seqs) -> None:

@@ -207,30 +207,18 @@ def token_batches(seqs: list[Sequence], tokens_per_batch: int) -> list[list[int]
 # --- evaluation -----------------------------------------------------------------------------------------
 
 
-def steps_from_acc_len(acc_len: Any, k: int) -> list[int]:
-    """Accepted drafts per step as vLLM steps through an output whose per-position acc_len (1 + accepted
-    drafts at that context) is given: position 0 comes from prefill; a step at p commits a + 1 tokens.
-    Drafts past the end of the output are not counted (as `evaluate.step_replay`)."""
-    n = len(acc_len)
-    steps: list[int] = []
-    p = 1
-    while p < n:
-        a = min(int(acc_len[p]) - 1, k, n - p)
-        steps.append(a)
-        p += a + 1
-    return steps
-
-
 def replay_draft(student: Any, seqs: list[Sequence], k: int) -> dict[str, Any]:
-    """Held-out acceptance of a draft model with speclab.methods.draft_model's replay, per workload and all."""
+    """Held-out acceptance of a draft model with speclab.methods.draft_model's replay, walked through each
+    output as vLLM steps (the walk `trace crosscheck` compares with vLLM), per workload and over all."""
     from speclab.methods.draft_model import DraftModelProposer
+    from speclab.replay.crosscheck import expected_engine_steps
 
     prop = DraftModelProposer(student)
     by: dict[str, list[int]] = defaultdict(list)
     for s in seqs:
         toks = s.tokens.numpy()
-        acc, _ = prop.replay(toks[: s.out_start], toks[s.out_start :], k)
-        steps = steps_from_acc_len(acc, k)
+        acc, proposed = prop.replay(toks[: s.out_start], toks[s.out_start :], k)
+        steps = [a for _, a, _ in expected_engine_steps(acc, proposed, k)]  # walked as the engine walks
         by[s.workload] += steps
         by["all"] += steps
     return summarize_steps(by, k)
