@@ -72,15 +72,16 @@ def test_student_starts_as_the_targets_chosen_layers(target, seqs) -> None:
 
 
 def test_kl_training_lowers_the_loss_and_is_deterministic(target, seqs) -> None:
-    recipe = DraftRecipe(epochs=5, tokens_per_batch=64, evals=2, lr=3e-3, seed=3, k=3)
+    # the tiny target's lm_head is random and untied: let the 1-layer student train it too
+    recipe = DraftRecipe(epochs=5, tokens_per_batch=64, evals=2, lr=1e-2, seed=3, k=3, train_embedding=True)
     states = []
     for _ in range(2):
         torch.manual_seed(recipe.seed)
-        student = build_student(target, [0])
+        student = build_student(target, [0], train_embedding=True)
         before = float(kl_loss(student, seqs[:8]).detach())
         stats = train_student(student, seqs[:8], seqs[8:], recipe, log=lambda m: None)
         after = float(kl_loss(student, seqs[:8]).detach())
-        assert after < 0.8 * before
+        assert after < 0.6 * before
         assert stats["steps"] == stats["planned_steps"] == len(token_batches(seqs[:8], 64)) * 5
         assert len(stats["curve"]) == 3 and stats["curve"][0]["train_tokens"] == 0
         assert stats["curve"][-1]["all"]["steps"] > 0 and stats["curve"][-1]["train_kl"] is not None
@@ -177,13 +178,16 @@ def test_train_draft_checkpoint_manifest_and_cache(target, fake_target, tmp_path
     loaded = AutoModelForCausalLM.from_pretrained(str(out))  # a normal checkpoint with the target's config
     assert loaded.config.num_hidden_layers == 1 and loaded.config.vocab_size == VOCAB
     assert loaded.config.hidden_size == target.config.hidden_size
+    # the embedding and lm_head are the target's, frozen by default
+    assert torch.equal(loaded.model.embed_tokens.weight, target.model.embed_tokens.weight)
+    assert torch.equal(loaded.lm_head.weight, target.lm_head.weight)
     assert (out / "tokenizer.json").read_text() == '{"fake": true}'
     # cached: neither data nor training runs again; an EAGLE head of the same data fields reuses the data
     assert di.train_draft(DraftRecipe(**{**recipe.__dict__, "layers": None})) == out and calls == [8, 4]
     head = tr.train_eagle(tr.EagleRecipe(target="tiny", draft_vocab=30, epochs=1, evals=1, aux_layers=AUX))
     assert head.name.startswith("eagle3-") and calls == [8, 4]
     # another recipe is another entry
-    other = di.train_draft(DraftRecipe(**{**recipe.__dict__, "layers": None, "lr": 1e-3}))
+    other = di.train_draft(DraftRecipe(**{**recipe.__dict__, "layers": None, "lr": 7e-4}))
     assert other != out and calls == [8, 4]
     from click.testing import CliRunner
 
@@ -255,8 +259,8 @@ def test_name_resolves_to_the_trained_draft_and_trains_on_first_use(fake_target,
     import dataclasses
 
     import speclab.drafters.distill as di
+    import speclab.models.prepare as prep
     from speclab.models import get_preset, list_models, prepare_model, resolve_model
-    from speclab.models import presets as presets_mod
 
     base = get_preset("smollm2-135m-distilled")
     tiny = dataclasses.replace(
@@ -264,10 +268,7 @@ def test_name_resolves_to_the_trained_draft_and_trains_on_first_use(fake_target,
         base="tiny",
         train={"depth": 1, "epochs": 1, "evals": 1, "aux_layers": AUX, "tokens_per_batch": 64},
     )
-    table = {**presets_mod.presets(), "smollm2-135m-distilled": tiny}
-    monkeypatch.setattr(presets_mod, "presets", lambda: table)
-    import speclab.models.prepare as prep
-
+    table = {**prep.presets(), "smollm2-135m-distilled": tiny}
     monkeypatch.setattr(prep, "presets", lambda: table)
     monkeypatch.setattr(prep, "get_preset", lambda name: table[name])
     with pytest.raises(SpeclabError, match="not trained yet: speclab models prepare smollm2-135m-distilled"):
