@@ -30,7 +30,7 @@ def test_demo_pipeline_end_to_end(tmp_path, fake_stack):
     res = demo.run_demo(
         tmp_path / "demo", overrides={"num_prompts": 3, "max_tokens": 16}, progress=False, echo=lines.append
     )
-    assert fake_stack == ["smollm2-135m", "smollm2-135m-draft-l8"]
+    assert fake_stack == ["smollm2-135m", "smollm2-135m-distilled"]
     rows = (res.run_dir / "results.jsonl").read_text().splitlines()
     assert len(rows) == 18
     assert all(json.loads(r)["repeats"] == 2 for r in rows)  # the preset measures each cell twice

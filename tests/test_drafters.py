@@ -40,7 +40,7 @@ def seqs(target) -> list[Sequence]:
     rng = random.Random(0)
     prompts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(3, 9))] for _ in range(12)]
     res = greedy_with_features(target, prompts, AUX, 20, {VOCAB - 1}, batch_size=5)
-    return [Sequence(str(i), "w" if i % 2 else "v", t, f, lab, n) for i, (t, f, lab, n) in enumerate(res)]
+    return [Sequence(str(i), "w" if i % 2 else "v", *r) for i, r in enumerate(res)]
 
 
 def make_head(target, seqs, draft_vocab: int = 30, seed: int = 0) -> Eagle3Head:
@@ -223,7 +223,7 @@ def test_train_eagle_saves_a_manifest_and_reuses_the_cache(target, seqs, tmp_pat
     def fake_build(model, tok, prompts, aux, max_new, max_prompt, batch_size=8, log=None):
         calls.append(len(prompts))
         return [
-            Sequence(p.id, p.workload, s.tokens, s.feats, s.labels, s.out_start)
+            Sequence(**{**s.__dict__, "prompt_id": p.id, "workload": p.workload})
             for p, s in zip(prompts, seqs, strict=False)
         ]
 
@@ -231,6 +231,7 @@ def test_train_eagle_saves_a_manifest_and_reuses_the_cache(target, seqs, tmp_pat
         return [Prompt(f"{tag}{i}", "w", "chat", [{"role": "user", "content": str(i)}]) for i in range(n)]
 
     monkeypatch.setattr(tr, "load_target", lambda name: (target, None, tdir))
+    monkeypatch.setattr(tr, "target_path", lambda name, prepare=True: tdir)
     monkeypatch.setattr(tr, "training_prompts", lambda w, seed: prompts(8, "t"))
     monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed: prompts(4, "e"))
     monkeypatch.setattr(tr, "build_sequences", fake_build)

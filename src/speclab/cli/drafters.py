@@ -1,4 +1,5 @@
-"""`speclab drafters`: train drafters for a local target on CPU (cache: $SPECLAB_CACHE/drafters)."""
+"""`speclab drafters`: train drafters for a local target on CPU (cache: $SPECLAB_CACHE/drafters):
+`train eagle` (an EAGLE-3 head), `train draft` (a distilled draft model), `show` (a manifest's figures)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,81 @@ def train_eagle_cmd(
     _summary(path)
 
 
+@train_group.command(name="draft")
+@click.option(
+    "--target", default="smollm2-135m", show_default=True, help="Target model preset or checkpoint."
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--depth", type=int, default=None, help="Student decoder layers (default 4: the target's first)."
+)
+@click.option(
+    "--layers",
+    default=None,
+    help="Target layers the student starts from, comma-separated (instead of the first --depth).",
+)
+@click.option("--epochs", type=int, default=None, help="Training epochs (default: the recipe's).")
+@click.option(
+    "--prompts-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Multiply the number of training prompts per workload (a longer budget for a better draft).",
+)
+@click.option(
+    "--max-new-tokens", type=int, default=None, help="Greedy tokens per training prompt (default 64)."
+)
+@click.option("--max-minutes", type=float, default=None, help="Stop training after this long (recorded).")
+@click.option("--threads", type=int, default=None, help="torch threads (1 is faster on a contended machine).")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Drafters cache directory.")
+@click.option("--force", is_flag=True, help="Retrain even if a draft for this recipe is cached.")
+def train_draft_cmd(
+    target: str,
+    seed: int,
+    depth: int | None,
+    layers: str | None,
+    epochs: int | None,
+    prompts_scale: float,
+    max_new_tokens: int | None,
+    max_minutes: float | None,
+    threads: int | None,
+    cache_dir: str | None,
+    force: bool,
+) -> None:
+    """Distil a small draft model (the target's first layers, its tokenizer) from the target's logits.
+
+    Prints the checkpoint directory (vLLM runs it with method draft_model; a sweep can also name the preset
+    smollm2-135m-distilled) and its held-out replay metrics.
+    """
+    from speclab.drafters.distill import DraftRecipe, train_draft
+    from speclab.errors import ConfigError
+
+    recipe = DraftRecipe(target=target, seed=seed)
+    if prompts_scale <= 0:
+        raise ConfigError("--prompts-scale must be > 0")
+    recipe.workloads = {w: max(1, round(n * prompts_scale)) for w, n in recipe.workloads.items()}
+    for name, value in (("depth", depth), ("epochs", epochs), ("max_new_tokens", max_new_tokens)):
+        if value is not None:
+            if value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
+            setattr(recipe, name, value)
+    if layers is not None:
+        try:
+            recipe.layers = [int(x) for x in layers.split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(f"--layers {layers!r}: expected comma-separated layer indices") from None
+    path = train_draft(
+        recipe,
+        cache_dir,
+        force=force,
+        log=lambda m: click.echo(m, err=True),
+        max_minutes=max_minutes,
+        threads=threads,
+    )
+    click.echo(str(path))
+    _summary(path)
+
+
 def _summary(path: Path) -> None:
     m = json.loads((path / "speclab-manifest.json").read_text())
     final = m.get("final") or {}
@@ -95,6 +171,12 @@ def _summary(path: Path) -> None:
                 f"  {w}: first-position acceptance {r['first_acceptance']:.3f}, "
                 f"tokens/step {r['tokens_per_step']:.3f} (k={m['recipe']['k']}, {r['steps']} steps, held out)"
             )
+    cost = m.get("cost")
+    if cost:
+        click.echo(
+            f"  cost: {cost['student_params'] / 1e6:.1f}M of the target's {cost['target_params'] / 1e6:.1f}M "
+            f"weights ({cost['params_ratio']:.1%} per draft forward), target layers {cost['layers_from_target']}"
+        )
     tr = m["training"]
     capped = ", stopped by --max-minutes" if tr.get("time_capped") else ""
     click.echo(

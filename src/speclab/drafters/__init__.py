@@ -1,5 +1,5 @@
-"""Drafters trained by speclab on the machine at hand: EAGLE-3 heads self-distilled from the target.
-
-`speclab drafters train eagle --target smollm2-135m` (see speclab.drafters.train). torch and transformers are
-imported by the submodules only.
+"""Drafters trained by speclab on the machine at hand, self-distilled from the target: EAGLE-3 heads
+(`speclab drafters train eagle`, speclab.drafters.train) and small draft models distilled from the target's
+logits (`speclab drafters train draft`, speclab.drafters.distill); both by preset name, trained on first use
+(speclab.drafters.named). torch and transformers are imported by the submodules only.
 """

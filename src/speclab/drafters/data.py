@@ -1,5 +1,6 @@
 """Self-distillation data for drafters: the target's own greedy outputs on offline-workload prompts, with the
-target's hidden states at chosen layers and its greedy label (argmax) at every position.
+target's hidden states at chosen layers, its greedy label (argmax) and its top-k logits at every position
+(one data set serves both trainers: EAGLE-3 heads read the features, distilled draft models the logits).
 
 Held-out prompts: the prompts that bench and the demo draw (`load_workload(w, limit=N, seed=S)` for the seeds
 of the shipped sweep presets and the default seed) are excluded from training by id; training prompts are
@@ -23,6 +24,8 @@ OFFLINE_WORKLOADS = (
     "offline-summarization",
 )
 TRAIN_SEED_OFFSET = 7_919  # training prompts come from seed + this, never from a bench/demo seed
+DATA_VERSION = "2"  # 2: top-k logits kept beside features and labels
+TOPK = 32  # the target's top-k logits kept per position (the distilled draft's KL target)
 HOLDOUT_LIMIT = 128  # offline builders draw lazily, so a smaller draw with the same seed is a prefix of this
 
 
@@ -78,7 +81,8 @@ def eval_prompts(workloads: list[str], n: int, seed: int = 42) -> list[Any]:
 @dataclass
 class Sequence:
     """One prompt + greedy output. feats[t]: target aux features at position t; labels[t]: the target's
-    argmax after x[..t] (-1 where unknown: the last position)."""
+    argmax after x[..t] (-1 where unknown: the last position); topk_ids/topk_logits[t]: the target's k
+    largest next-token logits after x[..t] (rows where labels is -1 are zero)."""
 
     prompt_id: str
     workload: str
@@ -86,6 +90,8 @@ class Sequence:
     feats: torch.Tensor  # [n, A*H] (stored as float16 to halve memory)
     labels: torch.Tensor  # [n] long
     out_start: int  # index of the first generated token
+    topk_ids: torch.Tensor | None = None  # [n, K] int32
+    topk_logits: torch.Tensor | None = None  # [n, K] float16
 
 
 def eos_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -106,15 +112,18 @@ def greedy_with_features(
     max_new_tokens: int,
     stop: set[int],
     batch_size: int = 8,
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
+    topk: int = TOPK,
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]]:
     """Greedy decoding (stops at a stop id, as bench does with ignore_eos off) that keeps, for every
-    position, the target's hidden states at `aux_layers` (HF hidden_states indices) and its argmax.
+    position, the target's hidden states at `aux_layers` (HF hidden_states indices), its argmax and its
+    `topk` largest logits (free: the logits are computed anyway).
 
     Batched with left padding and explicit position ids; each row is fed its own next token. Returns per
-    prompt (tokens, feats, labels, out_start)."""
+    prompt (tokens, feats, labels, out_start, topk_ids, topk_logits)."""
     from transformers import DynamicCache
 
-    results: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
+    results: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]] = []
+    kk = min(topk, model.config.vocab_size)
     for i in range(0, len(prompts), batch_size):
         chunk = prompts[i : i + batch_size]
         b, lens = len(chunk), [len(p) for p in chunk]
@@ -122,6 +131,8 @@ def greedy_with_features(
         toks: list[list[int]] = [list(p) for p in chunk]
         feats: list[list[torch.Tensor]] = [[] for _ in chunk]
         labels: list[list[int]] = [[] for _ in chunk]
+        tk_ids: list[list[torch.Tensor]] = [[] for _ in chunk]
+        tk_val: list[list[torch.Tensor]] = [[] for _ in chunk]
         # Left padding, hidden by the attention mask; position ids count real tokens only.
         ids = torch.zeros(b, width, dtype=torch.long)
         mask = torch.zeros(b, width, dtype=torch.long)
@@ -140,9 +151,12 @@ def greedy_with_features(
         )
         hs = torch.cat([out.hidden_states[a] for a in aux_layers], -1)
         am = out.logits.argmax(-1)
+        top = out.logits.topk(kk, -1)
         for r, n in enumerate(lens):
             feats[r].append(hs[r, width - n :].half())
             labels[r] += am[r, width - n :].tolist()
+            tk_ids[r].append(top.indices[r, width - n :].int())
+            tk_val[r].append(top.values[r, width - n :].half())
         done = [False] * b
         nxt = am[:, -1]
         for step in range(max_new_tokens):
@@ -164,17 +178,24 @@ def greedy_with_features(
             )
             hs = torch.cat([out.hidden_states[a] for a in aux_layers], -1)[:, 0]
             nxt = out.logits[:, -1].argmax(-1)
+            top = out.logits[:, -1].topk(kk, -1)
             for r in range(b):
                 if not done[r]:
                     feats[r].append(hs[r : r + 1].half())
                     labels[r].append(int(nxt[r]))
+                    tk_ids[r].append(top.indices[r : r + 1].int())
+                    tk_val[r].append(top.values[r : r + 1].half())
         for r, n in enumerate(lens):
             t = torch.tensor(toks[r])
             f = torch.cat(feats[r])[: len(t)]
             lab = torch.tensor((labels[r] + [-1])[: len(t)])
-            if len(f) < len(t):  # the last token was never fed: zero features, label unknown
-                f = torch.cat([f, torch.zeros(len(t) - len(f), f.shape[1], dtype=f.dtype)])
-            results.append((t, f, lab, n))
+            ti, tv = torch.cat(tk_ids[r])[: len(t)], torch.cat(tk_val[r])[: len(t)]
+            if len(f) < len(t):  # the last token was never fed: zero features and logits, label unknown
+                pad = len(t) - len(f)
+                f = torch.cat([f, torch.zeros(pad, f.shape[1], dtype=f.dtype)])
+                ti = torch.cat([ti, torch.zeros(pad, kk, dtype=ti.dtype)])
+                tv = torch.cat([tv, torch.zeros(pad, kk, dtype=tv.dtype)])
+            results.append((t, f, lab, n, ti, tv))
     return results
 
 
@@ -200,7 +221,7 @@ def build_sequences(
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         res = greedy_with_features(model, [ids[i] for i in idx], aux_layers, max_new_tokens, stop, batch_size)
-        for i, (t, f, lab, n) in zip(idx, res, strict=True):
-            out[i] = Sequence(prompts[i].id, prompts[i].workload, t, f, lab, n)
+        for i, (t, f, lab, n, ti, tv) in zip(idx, res, strict=True):
+            out[i] = Sequence(prompts[i].id, prompts[i].workload, t, f, lab, n, ti, tv)
         say(f"  generated {min(start + batch_size, len(order))}/{len(order)} prompts")
     return [out[i] for i in range(len(prompts))]

@@ -69,14 +69,9 @@ def step_replay(acc: torch.Tensor, out_start: int, n: int, k: int) -> list[int]:
     return steps
 
 
-def replay_metrics(head: Eagle3Head, seqs: list[Sequence], k: int = 3) -> dict[str, Any]:
-    """Metrics per workload and over all: steps, first_acceptance, tokens_per_step, per-position rates."""
-    accs = chain_accepts(head, seqs, k)
-    by: dict[str, list[int]] = defaultdict(list)
-    for s, acc in zip(seqs, accs, strict=True):
-        steps = step_replay(acc, s.out_start, len(s.tokens), k)
-        by[s.workload] += steps
-        by["all"] += steps
+def summarize_steps(by: dict[str, list[int]], k: int) -> dict[str, Any]:
+    """Accepted drafts per step, grouped (workload names and "all") -> steps, first_acceptance (share of
+    steps whose first draft is accepted), tokens_per_step (mean a + 1) and per-position acceptance rates."""
     res: dict[str, Any] = {}
     for w, steps in by.items():
         t = torch.tensor(steps, dtype=torch.float)
@@ -88,3 +83,14 @@ def replay_metrics(head: Eagle3Head, seqs: list[Sequence], k: int = 3) -> dict[s
             "per_position": [round(float((t >= j + 1).sum()) / n, 4) for j in range(k)],
         }
     return res
+
+
+def replay_metrics(head: Eagle3Head, seqs: list[Sequence], k: int = 3) -> dict[str, Any]:
+    """Metrics per workload and over all: steps, first_acceptance, tokens_per_step, per-position rates."""
+    accs = chain_accepts(head, seqs, k)
+    by: dict[str, list[int]] = defaultdict(list)
+    for s, acc in zip(seqs, accs, strict=True):
+        steps = step_replay(acc, s.out_start, len(s.tokens), k)
+        by[s.workload] += steps
+        by["all"] += steps
+    return summarize_steps(by, k)

@@ -31,7 +31,14 @@ from typing import Any
 import torch
 
 from speclab.atomic import atomic_path, exclusive_lock
-from speclab.drafters.data import Sequence, build_sequences, eval_prompts, training_prompts
+from speclab.drafters.data import (
+    DATA_VERSION,
+    TOPK,
+    Sequence,
+    build_sequences,
+    eval_prompts,
+    training_prompts,
+)
 from speclab.drafters.eagle3 import Eagle3Head, head_config
 from speclab.drafters.evaluate import collate, replay_metrics
 from speclab.errors import SpeclabError
@@ -80,30 +87,29 @@ def drafters_dir(target: str, cache_dir: str | os.PathLike[str] | None = None) -
     return (Path(cache_dir).expanduser() if cache_dir else cache_root() / "drafters") / target
 
 
-def is_trained(d: Path, verify_files: bool = True) -> bool:
+def is_trained(d: Path, verify_files: bool = True, version: str = RECIPE_VERSION) -> bool:
+    """A complete cache entry of this recipe version (file checksums verified unless verify_files=False)."""
     try:
         m = json.loads((d / MANIFEST).read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    if m.get("recipe_version") != RECIPE_VERSION:
+    if m.get("recipe_version") != version:
         return False
     if not verify_files:
         return all((d / f).is_file() for f in m.get("files", {}))
     return file_checksums(d) == m.get("files")
 
 
-def load_target(target: str, cache_dir: str | None = None) -> tuple[Any, Any, Path]:
+def load_target(target: str) -> tuple[Any, Any, Path]:
     """(model, tokenizer, checkpoint dir) of the fp32 target (prepared on first use)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from speclab.models.prepare import resolve_model
-
-    path = resolve_model(target, "float32")
+    path = target_path(target)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(str(path)), path
 
 
-def _target_identity(path: Path) -> Any:
+def target_identity(path: Path) -> Any:
     from speclab.models.prepare import read_manifest
 
     m = read_manifest(path)
@@ -223,6 +229,29 @@ def train_head(
     }
 
 
+def target_path(target: str, prepare: bool = True) -> Path:
+    """The fp32 target checkpoint directory (prepared on first use unless prepare=False); loads no model."""
+    from speclab.models.prepare import resolve_model
+
+    return resolve_model(target, "float32", prepare=prepare)
+
+
+def default_aux_layers(tcfg: dict[str, Any], aux: list[int] | None) -> list[int]:
+    n_layers = int(tcfg["num_hidden_layers"])
+    out = list(aux or [2, n_layers // 2, n_layers - 1])
+    if any(a < 0 or a >= n_layers for a in out):
+        raise SpeclabError(f"drafters: aux layers must lie in 0..{n_layers - 1} (got {out})")
+    return out
+
+
+def eagle_key(recipe: EagleRecipe, prepare: bool = True) -> tuple[Path, dict[str, Any], str]:
+    """(target dir, target config, cache key) of a recipe, without loading the target; fills aux_layers."""
+    target_dir = target_path(recipe.target, prepare)
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    recipe.aux_layers = default_aux_layers(tcfg, recipe.aux_layers)
+    return target_dir, tcfg, recipe.key(target_identity(target_dir))
+
+
 def train_eagle(
     recipe: EagleRecipe,
     cache_dir: str | None = None,
@@ -237,14 +266,8 @@ def train_eagle(
     if threads:
         torch.set_num_threads(threads)
     t_start = time.perf_counter()
-    model, tok, target_dir = load_target(recipe.target)
-    tcfg = json.loads((target_dir / "config.json").read_text())
-    n_layers = int(tcfg["num_hidden_layers"])
-    aux = list(recipe.aux_layers or [2, n_layers // 2, n_layers - 1])
-    if any(a < 0 or a >= n_layers for a in aux):
-        raise SpeclabError(f"drafters: aux layers must lie in 0..{n_layers - 1} (got {aux})")
-    recipe.aux_layers = aux
-    key = recipe.key(_target_identity(target_dir))
+    target_dir, tcfg, key = eagle_key(recipe)
+    aux = list(recipe.aux_layers or [])
     root = drafters_dir(recipe.target, cache_dir)
     out = root / f"eagle3-{key}"
     root.mkdir(parents=True, exist_ok=True)
@@ -253,32 +276,28 @@ def train_eagle(
         if not force and is_trained(out):
             say(f"eagle3 head for {recipe.target}: up to date at {out}")
             return out
+        model, tok, _ = load_target(recipe.target)
         return _train_locked(recipe, model, tok, target_dir, tcfg, aux, root, out, say, max_minutes, t_start)
 
 
-def _train_locked(
-    recipe: EagleRecipe,
-    model: Any,
-    tok: Any,
-    target_dir: Path,
-    tcfg: dict[str, Any],
-    aux: list[int],
-    root: Path,
-    out: Path,
-    say: Any,
-    max_minutes: float | None,
-    t_start: float,
-) -> Path:
+def load_data(
+    recipe: Any, aux: list[int], model: Any, tok: Any, target_dir: Path, root: Path, say: Any
+) -> tuple[list[Sequence], list[Sequence], float]:
+    """The self-distillation data (training and held-out sequences) every trainer shares: cached as
+    data-<hash>.pt / eval-<hash>.pt, keyed by the data fields of `recipe` (seed, workloads, max_new_tokens,
+    max_prompt_tokens, eval_*), the aux layers and the target's checksums. Refuses overlap of the two."""
+    ident = target_identity(target_dir)
     data_key = hashlib.sha256(
         json.dumps(
             [
-                RECIPE_VERSION,
+                DATA_VERSION,
+                TOPK,
                 recipe.seed,
                 recipe.workloads,
                 recipe.max_new_tokens,
                 recipe.max_prompt_tokens,
                 aux,
-                _target_identity(target_dir),
+                ident,
             ],
             sort_keys=True,
         ).encode()
@@ -286,14 +305,15 @@ def _train_locked(
     eval_key = hashlib.sha256(
         json.dumps(
             [
-                RECIPE_VERSION,
+                DATA_VERSION,
+                TOPK,
                 recipe.eval_workloads,
                 recipe.eval_prompts,
                 recipe.eval_seed,
                 recipe.max_new_tokens,
                 recipe.max_prompt_tokens,
                 aux,
-                _target_identity(target_dir),
+                ident,
             ]
         ).encode()
     ).hexdigest()[:12]
@@ -312,7 +332,42 @@ def _train_locked(
     if overlap:
         raise SpeclabError(f"drafters: {len(overlap)} evaluation prompts are in the training data")
     heldout = cached_sequences(root / f"eval-{eval_key}.pt", gen(held_p), say)
-    data_seconds = time.perf_counter() - t0
+    return train, heldout, time.perf_counter() - t0
+
+
+def data_stats(train: list[Sequence], heldout: list[Sequence], seconds: float) -> dict[str, Any]:
+    return {
+        "train_prompts": len(train),
+        "train_tokens": sum(len(s.tokens) for s in train),
+        "generated_tokens": sum(len(s.tokens) - s.out_start for s in train),
+        "heldout_prompts": len(heldout),
+        "data_seconds": round(seconds, 1),
+    }
+
+
+def build_dir(root: Path, kind: str) -> Path:
+    """A fresh build directory beside the cache entry, readable like any directory (mkdtemp makes 0700)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{kind}-build-", dir=root))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    return tmp
+
+
+def _train_locked(
+    recipe: EagleRecipe,
+    model: Any,
+    tok: Any,
+    target_dir: Path,
+    tcfg: dict[str, Any],
+    aux: list[int],
+    root: Path,
+    out: Path,
+    say: Any,
+    max_minutes: float | None,
+    t_start: float,
+) -> Path:
+    train, heldout, data_seconds = load_data(recipe, aux, model, tok, target_dir, root, say)
 
     d2t, t2d = pick_draft_vocab(train, recipe.draft_vocab, int(tcfg["vocab_size"]))
     cfg = head_config(tcfg, aux, len(d2t))
@@ -327,10 +382,7 @@ def _train_locked(
     )
     stats = train_head(head, train, heldout, recipe, say, max_minutes)
 
-    tmp = Path(tempfile.mkdtemp(prefix=".eagle3-build-", dir=root))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the cache entry should read like any directory
+    tmp = build_dir(root, "eagle3")
     try:
         head.save(tmp)
         manifest = {
@@ -338,14 +390,10 @@ def _train_locked(
             "recipe_version": RECIPE_VERSION,
             "recipe": asdict(recipe),
             "target_dir": str(target_dir),
-            "target_files": _target_identity(target_dir),
+            "target_files": target_identity(target_dir),
             "data": {
-                "train_prompts": len(train),
-                "train_tokens": sum(len(s.tokens) for s in train),
-                "generated_tokens": sum(len(s.tokens) - s.out_start for s in train),
-                "heldout_prompts": len(heldout),
+                **data_stats(train, heldout, data_seconds),
                 "draft_vocab_coverage_heldout": round(coverage, 4),
-                "data_seconds": round(data_seconds, 1),
             },
             "training": stats,
             "final": stats["curve"][-1] if stats["curve"] else None,

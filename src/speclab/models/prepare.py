@@ -217,6 +217,10 @@ def prepare_model(
     """Build (or find already built) the checkpoint for a buildable preset; returns its directory."""
     dtype = norm_dtype(dtype)
     preset = get_preset(name)
+    if preset.trained:  # one fp32 checkpoint serves every dtype (vLLM runs the draft in the target's dtype)
+        from speclab.drafters.named import resolve_trained
+
+        return resolve_trained(preset, train=True, force=force, log=log)
     if not preset.buildable:
         raise ConfigError(f"model {name} is a hub checkpoint ({preset.hub_id}); nothing to prepare locally")
     if dtype not in preset.dtypes:
@@ -285,6 +289,10 @@ def resolve_model(
     ps = presets()
     if s in ps:
         preset = ps[s]
+        if preset.trained:
+            from speclab.drafters.named import resolve_trained
+
+            return resolve_trained(preset, train=prepare)
         if preset.buildable:
             d = prepared_path(s, dtype, cache_dir)
             if is_prepared(d, verify_files=False):
@@ -348,7 +356,12 @@ def list_models(cache_dir: str | os.PathLike[str] | None = None) -> list[dict[st
     rows = []
     for p in presets().values():
         where: dict[str, str | None] = {}
-        if p.buildable:
+        if p.trained:
+            from speclab.drafters.named import trained_dir
+
+            d = trained_dir(p)
+            where = {dt: str(d) if d else None for dt in p.dtypes}
+        elif p.buildable:
             for dt in p.dtypes:
                 d = prepared_path(p.name, dt, cache_dir)
                 where[dt] = str(d) if is_prepared(d, verify_files=False) else None

