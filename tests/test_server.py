@@ -160,7 +160,7 @@ def test_server_mode_needs_a_server_table():
 def test_preset_server_cpu():
     spec = load_preset("server-cpu")
     cells = expand_server_cells(spec)
-    assert sorted({c.method.name for c in cells}) == ["draft_model", "ngram", "none"]
+    assert sorted({c.method.name for c in cells}) == ["eagle3", "ngram", "none"]
     assert sorted({c.request_rate for c in cells}) == [0.5, 2.0] and len(cells) == 6
     assert spec.server is not None and spec.server.ignore_eos is False
 
