@@ -387,3 +387,12 @@ def test_local_ray_cluster_kill_a_worker_then_the_driver_and_rerun(tmp_path, fak
     methods = [cid.split(".")[0] for cid in ran(fake_env)]
     changes = sum(1 for a, b in zip(methods, methods[1:], strict=False) if a != b)
     assert changes <= 6, methods
+
+
+def test_engine_worker_env_drops_rays_one_thread():
+    from speclab.bench.raybench import worker_threads_env
+
+    ray_env = {"OMP_NUM_THREADS": "1", "PATH": "/bin"}
+    assert worker_threads_env(ray_env, None) == {"PATH": "/bin"}  # the engine uses the node's cores
+    assert worker_threads_env(ray_env, "2")["OMP_NUM_THREADS"] == "2"  # the driver's own setting is kept
+    assert ray_env["OMP_NUM_THREADS"] == "1"  # the task's environment itself is left as it is

@@ -78,7 +78,10 @@ class _Lines:
 
 
 def stream_job(
-    job: dict[str, Any], cell_timeout_s: float | None = None, poll_s: float = 0.5
+    job: dict[str, Any],
+    cell_timeout_s: float | None = None,
+    poll_s: float = 0.5,
+    omp_threads: str | None = None,
 ) -> Iterator[dict]:
     """Run the engine worker over `job` (Job.to_dict()) on this machine and yield, in order:
     {"node": host, "pid": this process} once; {"cells": lines, "timings": lines} whenever the worker wrote
@@ -96,7 +99,8 @@ def stream_job(
         yield {"node": socket.gethostname(), "pid": os.getpid()}
         reason = ""
         with open(tmp / "worker.log", "wb") as log:
-            proc = launch_worker(tmp / "job.json", tmp / "cells.jsonl", log=log)
+            env = worker_threads_env(dict(os.environ), omp_threads)
+            proc = launch_worker(tmp / "job.json", tmp / "cells.jsonl", log=log, env=env)
             last = time.time()
             while True:
                 rc = proc.poll()
@@ -141,9 +145,23 @@ def _sweep_stale_dirs() -> None:
             continue
 
 
-def engine_task(job: dict[str, Any], cell_timeout_s: float | None, poll_s: float) -> Iterator[dict]:
+def engine_task(
+    job: dict[str, Any], cell_timeout_s: float | None, poll_s: float, omp_threads: str | None = None
+) -> Iterator[dict]:
     """The Ray task body (a module-level generator, so Ray ships it by reference to speclab)."""
-    yield from stream_job(job, cell_timeout_s, poll_s)
+    yield from stream_job(job, cell_timeout_s, poll_s, omp_threads=omp_threads)
+
+
+def worker_threads_env(base: dict[str, str], omp_threads: str | None) -> dict[str, str]:
+    """The engine worker's environment on a Ray node. Ray sets OMP_NUM_THREADS to the task's num_cpus (1)
+    in its workers; the engine holds the node's one engine slot and must use its cores as the serial path
+    does (measured: a B=1 engine ran ~1.5x slower with Ray's 1 thread). The driver's own setting, if any,
+    is kept."""
+    env = dict(base)
+    env.pop("OMP_NUM_THREADS", None)
+    if omp_threads:
+        env["OMP_NUM_THREADS"] = omp_threads
+    return env
 
 
 # --- resources -----------------------------------------------------------------------------------------------
@@ -199,7 +217,8 @@ class RayTasks:
         self.gpus_per_node = cluster_gpus(ray.nodes(), ray.cluster_resources())
 
     def submit(self, job: dict[str, Any], request: dict[str, Any], cell_timeout_s: float | None) -> Any:
-        return self.fn.options(**request).remote(job, cell_timeout_s, self.poll_s)
+        threads = os.environ.get("OMP_NUM_THREADS")  # the driver's, not Ray's per-task 1
+        return self.fn.options(**request).remote(job, cell_timeout_s, self.poll_s, threads)
 
     def poll(self, handles: list[Any], timeout_s: float) -> list[tuple[Any, str, Any]]:
         if not handles:
