@@ -91,14 +91,19 @@ def launch_worker(
             kv_cache_gib = None
     base = [python, "-m", "speclab.engine.worker"] if python else worker_command()
     cmd = [*base, "--job", str(job_path), "--out", str(out_path)]
+    return spawn_child(cmd, worker_env(kv_cache_gib, env), log)
+
+
+def spawn_child(cmd: list[str], env: dict[str, str], log: IO[Any] | int | None) -> subprocess.Popen[bytes]:
+    """Start a child process the way every speclab child runs (engine worker, vllm serve, the load generator):
+    stdout and stderr to `log` (None: inherited), no stdin, dies with its parent. Its own session: Ctrl-C
+    reaches only the caller, which then stops the child's whole process group cleanly (stop_worker)."""
     return subprocess.Popen(
         cmd,
-        env=worker_env(kv_cache_gib, env),
+        env=env,
         stdout=log,
         stderr=subprocess.STDOUT if log is not None else None,
         stdin=subprocess.DEVNULL,
-        # the worker's own session: Ctrl-C reaches only the caller, which then stops the worker's whole
-        # process group cleanly (stop_worker)
         start_new_session=True,
         preexec_fn=_die_with_parent,
     )

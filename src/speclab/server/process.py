@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from speclab.engine.launch import _die_with_parent, describe_exit, log_tail, worker_env
+from speclab.engine.launch import describe_exit, log_tail, spawn_child, worker_env
 from speclab.engine.protocol import EngineSpec
 from speclab.errors import SpeclabError
 from speclab.server.metrics import ServerCounters, parse_metrics
@@ -137,15 +137,7 @@ class Server:
         (self.workdir / "command.txt").write_text(" ".join(cmd) + "\n")
         t0 = time.time()
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+            self.proc = spawn_child(cmd, env, log)
         self._wait_healthy(t0)
         self.startup_s = round(time.time() - t0, 3)
 

@@ -34,7 +34,7 @@ from speclab.bench.repeats import contended, row_pressure
 from speclab.bench.results import ResultsStore
 from speclab.bench.runner import SweepOutcome, _run_lock
 from speclab.bench.spec import SweepSpec
-from speclab.engine.launch import _die_with_parent, describe_exit, log_tail
+from speclab.engine.launch import describe_exit, log_tail, spawn_child
 from speclab.engine.worker import cpu_stall_us
 from speclab.errors import ConfigError, SpeclabError
 from speclab.server.cells import ServerCell, ServerGroup, expand_server_cells, group_server_engines
@@ -239,15 +239,7 @@ class ServerRunner:
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env["PYTHONUNBUFFERED"] = "1"
         with open(celldir / "loadgen.log", "wb") as log:
-            proc = subprocess.Popen(
-                cmd,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+            proc = spawn_child(cmd, env, log)
             try:
                 rc = proc.wait(timeout=self.sv.cell_timeout_s)
             except subprocess.TimeoutExpired:
