@@ -281,3 +281,75 @@ def test_contended_repeats_end_in_cannot_tell_not_a_wrong_verdict():
     cmp = compare_recommendations(recommendations(quiet, None), recommendations(busy, None))
     assert [c["outcome"] for c in cmp] == ["cannot tell"]
     assert cmp[0]["quiet"] == "use SD (ngram-k3)"
+
+
+def test_where_each_configuration_stops_paying():
+    from speclab.report.recommend import stops_paying
+    from speclab.report.sections import recommend
+
+    rows = []
+    # eagle3 pays at B=1 and 4, is clearly slower at 16; ngram pays everywhere; draft never; suffix straddles
+    speed = {
+        "eagle3-k3": {1: [20, 21, 22], 4: [12, 12, 13], 16: [8, 8, 9]},
+        "ngram-k3": {1: [15, 15, 16], 4: [11, 11, 12], 16: [11, 11, 11]},
+        "draft-k3": {1: [9, 9, 9], 4: [8, 8, 8], 16: [5, 5, 5]},
+        "suffix-k8": {1: [12, 12, 12], 4: [9, 11, 12], 16: [9, 9, 9]},
+    }
+    for b in (1, 4, 16):
+        base = row("none", "none", [10.0, 10.0, 10.0], batch_size=b)
+        rows.append(base)
+        for label, by_b in speed.items():
+            rows.append(paired(base, row(label, label.split("-")[0], [float(x) for x in by_b[b]], batch_size=b)))
+    got = {r["method"]: r for r in stops_paying(rows)}
+    assert got["eagle3-k3"]["stops_at"] == 16 and got["eagle3-k3"]["says"] == "pays up to B=4; stops paying at B=16"
+    assert got["eagle3-k3"]["measured"] == "B=1: 2.10x, B=4: 1.20x, B=16: 0.80x"
+    assert got["ngram-k3"]["stops_at"] is None and "every batch size measured up to B=16" in got["ngram-k3"]["says"]
+    assert got["draft-k3"]["stops_at"] == 1 and got["draft-k3"]["says"].startswith("never supported")
+    assert got["suffix-k8"]["says"] == "pays up to B=1; cannot tell from B=4"
+    assert "(cannot tell)" in got["suffix-k8"]["measured"]
+    html = "".join(
+        recommend(
+            ReportData(
+                rows=rows, run_path=None, traces=None, analysis={}, recs=recommendations(rows, None), figs={}
+            )
+        )
+    )
+    assert "Where each configuration stops paying" in html and "stops paying at B=16" in html
+
+
+def test_memory_check_refuses_resident_engines_that_do_not_fit(tmp_path):
+    from speclab.bench.preflight import CPU_ENGINE_RUNTIME_BYTES, check_memory
+    from speclab.bench.spec import parse_sweep
+    from speclab.errors import ConfigError
+
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "model.safetensors").write_bytes(b"\0" * 1000)
+    gib = 2**30
+
+    def sweep(repeats: int, kv: float) -> object:
+        methods = [{"name": "none"}, {"name": "ngram", "k": 3}, {"name": "ngram", "k": 5, "label": "k5"}]
+        return parse_sweep(
+            {
+                "name": "m",
+                "target": "t",
+                "workloads": ["offline-math"],
+                "batch_sizes": [1],
+                "repeats": repeats,
+                "engine": {"kv_cache_gib": kv},
+                "methods": methods,
+            },
+            "m.toml",
+        )
+
+    need_each = 1000 + 2 * gib + CPU_ENGINE_RUNTIME_BYTES
+    # three resident engines (repeats = 3) of ~3.4 GiB do not fit in 8 GiB: a one-line ConfigError that says what to do
+    with pytest.raises(ConfigError, match="3 engine\\(s\\) stay resident.*lower \\[engine\\] kv_cache_gib"):
+        check_memory(sweep(3, 2.0), str(target), {}, available=8 * gib, cpu_engine=True)
+    # one engine at a time (repeats = 1) fits; close to the limit it warns
+    assert check_memory(sweep(1, 2.0), str(target), {}, available=8 * gib, cpu_engine=True) is None
+    warn = check_memory(sweep(1, 2.0), str(target), {}, available=need_each + 1000, cpu_engine=True)
+    assert warn is not None and warn.startswith("warning:")
+    # a smaller KV cache makes the same sweep fit; GPU builds are not checked
+    assert check_memory(sweep(3, 0.5), str(target), {}, available=8 * gib, cpu_engine=True) is None
+    assert check_memory(sweep(3, 2.0), str(target), {}, available=gib, cpu_engine=False) is None

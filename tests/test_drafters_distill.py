@@ -226,6 +226,7 @@ def test_draft_sweep_prompts_are_the_heldout_evaluation_set() -> None:
     models = {m.label: m.options.get("model") for m in spec.methods}
     assert (
         models["distilled-k3"] == "smollm2-135m-distilled"
+        and models["eagle3-k3"] == "smollm2-135m-eagle3"
         and models["l8-probe-k3"] == "smollm2-135m-draft-l8"
     )
     demo = load_sweep(str(resources.files("speclab.presets.sweeps") / "demo-cpu.toml"))

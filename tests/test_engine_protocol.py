@@ -139,11 +139,20 @@ def test_llm_kwargs_mapping():
 
 
 def test_worker_env_sets_engine_variables():
-    env = worker_env(1.5, base={"LD_PRELOAD": "/x/other.so"})
+    env = worker_env(2.0, base={"LD_PRELOAD": "/x/other.so"})
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1.5"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"  # vLLM's CPU build parses it with int()
     assert env["VLLM_CACHE_ROOT"]
     assert env["LD_PRELOAD"].endswith("/x/other.so")
+
+
+def test_fractional_kv_cache_goes_through_the_engine_argument():
+    """vLLM's CPU build reads VLLM_CPU_KVCACHE_SPACE with int(): "0.5" would stop the engine at start-up."""
+    env = worker_env(0.5, base={"VLLM_CPU_KVCACHE_SPACE": "4"})
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
+    kw = llm_kwargs(EngineSpec("t", kv_cache_gib=0.5), "/m", None)
+    assert kw["kv_cache_memory_bytes"] == 2**29
+    assert "kv_cache_memory_bytes" not in llm_kwargs(EngineSpec("t", kv_cache_gib=2.0), "/m", None)
 
 
 class _Sched:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from speclab.bench.preflight import PromptSet, preflight, render_workload
+from speclab.bench.preflight import PromptSet, check_memory, preflight, render_workload
 from speclab.bench.runner import PromptProvider, SweepOutcome, run_sweep
 from speclab.bench.spec import SweepSpec, parse_sweep, preset_text, read_sweep_file, sweep_toml
 from speclab.errors import ConfigError
@@ -94,10 +94,17 @@ def _default_label(m: dict[str, Any]) -> str:
     return "none" if name == "none" else f"{name}-k{m.get('k')}"
 
 
-def default_prompt_provider(spec: SweepSpec, check_models: bool = True) -> PromptProvider:
-    """Check the sweep against the machine (workloads, models, drafter tokenizers), then return a provider
-    that renders each workload's prompts with the target's tokenizer. Loads no model."""
+def default_prompt_provider(
+    spec: SweepSpec, check_models: bool = True, echo: Callable[[str], None] | None = None
+) -> PromptProvider:
+    """Check the sweep against the machine (workloads, models, drafter tokenizers, and with `echo` the memory
+    its resident engines need), then return a provider that renders each workload's prompts with the
+    target's tokenizer. Loads no model."""
     pf = preflight(spec, check_models=check_models)
+    if echo is not None and check_models:
+        warning = check_memory(spec, pf.target_path, pf.drafter_paths)
+        if warning:
+            echo(warning)
     tokenizer = pf.target_path or spec.target
 
     def provider(workload: str) -> PromptSet:
@@ -124,7 +131,8 @@ def run_bench(
     from speclab.bench.cells import expand_cells
     from speclab.bench.results import ResultsStore
 
-    provider = prompt_provider or default_prompt_provider(spec)
+    # the memory check is for engines on this machine (under Ray they run on the cluster's nodes)
+    provider = prompt_provider or default_prompt_provider(spec, echo=echo if ray_address is None else None)
     # render every workload that still has cells to run up front: a bad prompt fails here, not after an
     # engine has started
     import fnmatch

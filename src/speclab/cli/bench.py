@@ -151,8 +151,10 @@ def run_cmd(
         return
     cells = expand_cells(spec)
     _check_run_dir(run_dir, text, [c.cell_id for c in cells], redo)
-    # the machine checks (workloads, models, drafter tokenizers): one line on failure, before any model loads
-    provider = default_prompt_provider(spec)
+    # the machine checks (workloads, models, drafter tokenizers, and the memory of the engines kept resident
+    # on this machine; under Ray they run elsewhere): one line on failure, before any model loads
+    say = (lambda s: click.echo(s, err=True)) if ray_address is None else None
+    provider = default_prompt_provider(spec, echo=say)
     if dry_run:
         groups = group_engines(spec, cells)
         reps = f", each measured {spec.repeats} times" if spec.repeats > 1 else ""

@@ -36,6 +36,12 @@ def compile_cache_dir() -> Path:
     return cache_root() / "vllm"
 
 
+def kv_cache_env(kv_cache_gib: float) -> dict[str, str]:
+    """VLLM_CPU_KVCACHE_SPACE for a whole number of GiB (vLLM's CPU build parses it with int()); nothing for a
+    fractional size, which engine.worker.llm_kwargs passes as kv_cache_memory_bytes instead."""
+    return {"VLLM_CPU_KVCACHE_SPACE": f"{int(kv_cache_gib)}"} if float(kv_cache_gib).is_integer() else {}
+
+
 def worker_env(kv_cache_gib: float | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a worker process: in-process engine, Intel OpenMP preloaded, KV cache size,
     a persistent compile cache. Existing LD_PRELOAD entries are kept."""
@@ -43,7 +49,8 @@ def worker_env(kv_cache_gib: float | None = None, base: dict[str, str] | None = 
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env.setdefault("VLLM_CACHE_ROOT", str(compile_cache_dir()))
     if kv_cache_gib is not None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        env.update(kv_cache_env(kv_cache_gib))
     iomp = venv_libiomp()
     if iomp is not None:
         pre = [p for p in env.get("LD_PRELOAD", "").split(":") if p]

@@ -72,7 +72,7 @@ class EngineSpec:
     max_model_len: int = 2048
     max_num_seqs: int = 1  # should be >= the largest batch_size among the job's cells
     enforce_eager: bool = False
-    kv_cache_gib: float = 2.0  # VLLM_CPU_KVCACHE_SPACE on CPU
+    kv_cache_gib: float = 2.0  # CPU KV cache: VLLM_CPU_KVCACHE_SPACE (whole GiB) or kv_cache_memory_bytes
     seed: int = 42
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
 

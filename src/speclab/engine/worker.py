@@ -127,6 +127,10 @@ def llm_kwargs(spec: EngineSpec, target: str, drafter: str | None) -> dict[str, 
         "async_scheduling": False,
         "distributed_executor_backend": "uni",
     }
+    if not float(spec.kv_cache_gib).is_integer():
+        # vLLM's CPU build reads VLLM_CPU_KVCACHE_SPACE as a whole number of GiB (int("0.5") fails at start-up);
+        # a fractional size goes through the engine argument it sets instead (see engine.launch.kv_cache_env)
+        kw["kv_cache_memory_bytes"] = int(spec.kv_cache_gib * 2**30)
     sc = speculative_config(spec, drafter)
     if sc is not None:
         kw["speculative_config"] = sc
@@ -145,7 +149,10 @@ class Engine:
 
     def __init__(self, spec: EngineSpec) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{spec.kv_cache_gib:g}")
+        from speclab.engine.launch import kv_cache_env
+
+        for key, value in kv_cache_env(spec.kv_cache_gib).items():
+            os.environ.setdefault(key, value)
         self.spec = spec
         t0 = time.perf_counter()
         self.target, self.drafter = resolve_paths(spec)

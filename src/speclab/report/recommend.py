@@ -194,3 +194,56 @@ def compare_recommendations(quiet: list[dict[str, Any]], other: list[dict[str, A
             row["outcome"] = "WRONG"
         out.append(row)
     return out
+
+
+def stops_paying(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (workload, batching, sweep entry): the batch sizes where it was measured faster than no SD, and the
+    batch size from which it stops paying (the smallest measured batch size from which on no larger one is
+    supported as faster; `bench.repeats.evidence` decides "faster" per cell, so noise and contention count).
+
+    Each entry: workload, batching, method (label), measured ("B=1: 2.10x, B=4: 1.30x (cannot tell), ..."),
+    stops_at (int or None) and says (one sentence)."""
+    labels = entry_labels(rows)
+    by_id = {str(r.get("cell_id")): r for r in rows}
+    groups: dict[tuple[str, str, str], list[tuple[int, str, float | None]]] = defaultdict(list)
+    for r, label in zip(rows, labels, strict=True):
+        if r.get("method") == "none" or r.get("status") != "ok" or r.get("speedup") is None:
+            continue
+        status, figure, _ = evidence(r, by_id.get(str(r.get("baseline_cell_id"))))
+        key = (str(r.get("workload")), str(r.get("batching")), label)
+        groups[key].append((int(r["batch_size"]), status, figure))
+    out = []
+    for (wl, batching, label), cells in sorted(groups.items()):
+        cells.sort()
+        measured = ", ".join(
+            f"B={b}: {sp:.2f}x" + ("" if st != "unsure" else " (cannot tell)") if sp is not None else f"B={b}: -"
+            for b, st, sp in cells
+        )
+        faster = [b for b, st, _ in cells if st == "faster"]
+        unsure = [b for b, st, _ in cells if st == "unsure"]
+        if not faster:
+            stops_at, says = cells[0][0], (
+                "never supported as faster than no SD at the batch sizes measured"
+                + (f" (cannot tell at B={', '.join(map(str, unsure))})" if unsure else "")
+            )
+        elif faster[-1] == cells[-1][0]:
+            stops_at, says = None, f"pays at every batch size measured up to B={cells[-1][0]}"
+            if len(faster) < len(cells):
+                says = f"pays at B={', '.join(map(str, faster))} (not supported at the others)"
+        else:
+            stops_at = next(b for b, _, _ in cells if b > faster[-1])
+            st = next(st for b, st, _ in cells if b == stops_at)
+            says = f"pays up to B={faster[-1]}; " + (
+                f"stops paying at B={stops_at}" if st == "slower" else f"cannot tell from B={stops_at}"
+            )
+        out.append(
+            {
+                "workload": wl,
+                "batching": batching,
+                "method": label,
+                "measured": measured,
+                "stops_at": stops_at,
+                "says": says,
+            }
+        )
+    return out

@@ -20,7 +20,7 @@ from speclab.analyze.tables import observed_rows, pluck
 from speclab.bench.rows import entry_labels
 from speclab.report import figures as F
 from speclab.report.html import Html, esc, figure, figure_or_missing, missing, table
-from speclab.report.recommend import CANNOT_TELL, MARGINAL, headline
+from speclab.report.recommend import CANNOT_TELL, MARGINAL, headline, stops_paying
 
 
 @dataclass
@@ -220,7 +220,24 @@ def recommend(d: ReportData) -> list[str]:
         {"SD off": "off", "marginal": "marginal", CANNOT_TELL: "marginal"}.get(r["verdict"], "")
         for r in d.recs
     ]
-    return h + [table(headers, pluck(d.recs, keys), left=2, row_classes=classes)]
+    h.append(table(headers, pluck(d.recs, keys), left=2, row_classes=classes))
+    return h + _stops_paying(d.rows)
+
+
+def _stops_paying(rows: list[dict[str, Any]] | None) -> list[str]:
+    """Per measured SD configuration: up to which batch size it pays, and where it stops (same noise rule)."""
+    found = stops_paying(rows or [])
+    if not found:
+        return []
+    return [
+        "<h3>Where each configuration stops paying</h3><p>Measured cells only; a batch size counts as paying "
+        "where the noise supports a speedup above 1.00x (as above).</p>",
+        table(
+            ["workload", "batching", "configuration", "measured speedup by batch size", "verdict"],
+            pluck(found, "workload batching method measured says"),
+            left=5,
+        ),
+    ]
 
 
 def time_and_memory(d: ReportData) -> list[str]:
