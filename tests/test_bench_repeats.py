@@ -299,11 +299,19 @@ def test_where_each_configuration_stops_paying():
         base = row("none", "none", [10.0, 10.0, 10.0], batch_size=b)
         rows.append(base)
         for label, by_b in speed.items():
-            rows.append(paired(base, row(label, label.split("-")[0], [float(x) for x in by_b[b]], batch_size=b)))
+            rows.append(
+                paired(base, row(label, label.split("-")[0], [float(x) for x in by_b[b]], batch_size=b))
+            )
     got = {r["method"]: r for r in stops_paying(rows)}
-    assert got["eagle3-k3"]["stops_at"] == 16 and got["eagle3-k3"]["says"] == "pays up to B=4; stops paying at B=16"
+    assert (
+        got["eagle3-k3"]["stops_at"] == 16
+        and got["eagle3-k3"]["says"] == "pays up to B=4; stops paying at B=16"
+    )
     assert got["eagle3-k3"]["measured"] == "B=1: 2.10x, B=4: 1.20x, B=16: 0.80x"
-    assert got["ngram-k3"]["stops_at"] is None and "every batch size measured up to B=16" in got["ngram-k3"]["says"]
+    assert (
+        got["ngram-k3"]["stops_at"] is None
+        and "every batch size measured up to B=16" in got["ngram-k3"]["says"]
+    )
     assert got["draft-k3"]["stops_at"] == 1 and got["draft-k3"]["says"].startswith("never supported")
     assert got["suffix-k8"]["says"] == "pays up to B=1; cannot tell from B=4"
     assert "(cannot tell)" in got["suffix-k8"]["measured"]

@@ -216,15 +216,20 @@ def stops_paying(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (wl, batching, label), cells in sorted(groups.items()):
         cells.sort()
         measured = ", ".join(
-            f"B={b}: {sp:.2f}x" + ("" if st != "unsure" else " (cannot tell)") if sp is not None else f"B={b}: -"
+            f"B={b}: {sp:.2f}x" + ("" if st != "unsure" else " (cannot tell)")
+            if sp is not None
+            else f"B={b}: -"
             for b, st, sp in cells
         )
         faster = [b for b, st, _ in cells if st == "faster"]
         unsure = [b for b, st, _ in cells if st == "unsure"]
         if not faster:
-            stops_at, says = cells[0][0], (
-                "never supported as faster than no SD at the batch sizes measured"
-                + (f" (cannot tell at B={', '.join(map(str, unsure))})" if unsure else "")
+            stops_at, says = (
+                cells[0][0],
+                (
+                    "never supported as faster than no SD at the batch sizes measured"
+                    + (f" (cannot tell at B={', '.join(map(str, unsure))})" if unsure else "")
+                ),
             )
         elif faster[-1] == cells[-1][0]:
             stops_at, says = None, f"pays at every batch size measured up to B={cells[-1][0]}"
