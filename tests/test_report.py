@@ -140,7 +140,11 @@ def test_entries_with_same_method_and_k_but_other_options_stay_apart(tmp_path, m
     # every row in the results table under its own name: 3 batch sizes of synthetic-code each
     results = html.split("<b>Results table</b>")[1].split("</table>")[0]
     assert results.count('<td class="l">ngram-wide</td>') == 3
-    assert results.count('<td class="l">ngram-k3</td>') == 3 + 3  # synthetic-code and synthetic-chat at 1, 8, 32
+    assert (
+        results.count('<td class="l">ngram-k3</td>') == 3 + 3
+    )  # synthetic-code and synthetic-chat at 1, 8, 32
     # and once per workload in "where each configuration stops paying"
     stops = html.split("Where each configuration stops paying")[1].split("</table>")[0]
-    assert stops.count('<td class="l">ngram-wide</td>') == 1 and stops.count('<td class="l">ngram-k3</td>') == 2
+    assert (
+        stops.count('<td class="l">ngram-wide</td>') == 1 and stops.count('<td class="l">ngram-k3</td>') == 2
+    )
