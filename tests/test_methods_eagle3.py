@@ -38,7 +38,9 @@ def random_head(target, seed: int = 0) -> Eagle3Head:
     t2d = torch.zeros(VOCAB, dtype=torch.bool)
     t2d[ids] = True
     cfg = head_config(target.config.to_dict(), AUX, DRAFT_VOCAB)
-    head = Eagle3Head(cfg, target.get_input_embeddings().weight.detach(), ids - torch.arange(DRAFT_VOCAB), t2d)
+    head = Eagle3Head(
+        cfg, target.get_input_embeddings().weight.detach(), ids - torch.arange(DRAFT_VOCAB), t2d
+    )
     with torch.no_grad():
         for p in head.parameters():
             p.add_(torch.randn(p.shape) * 0.1)  # norms away from 1, every weight matters
@@ -112,7 +114,9 @@ def test_missing_or_unsupported_heads_are_refused(target, tmp_path) -> None:
     (tmp_path / "h" / "config.json").write_text(json.dumps({**cfg, "norm_before_fc": True}))
     with pytest.raises(ConfigError, match="norm_before_fc"):
         make_proposer("eagle3", head=str(tmp_path / "h"), target=target)
-    (tmp_path / "h" / "config.json").write_text(json.dumps({**cfg, "eagle_aux_hidden_state_layer_ids": [1, 2]}))
+    (tmp_path / "h" / "config.json").write_text(
+        json.dumps({**cfg, "eagle_aux_hidden_state_layer_ids": [1, 2]})
+    )
     with pytest.raises(ConfigError, match="aux layers"):  # HF's hidden_states[2] is post-norm here
         make_proposer("eagle3", head=str(tmp_path / "h"), target=target)
 
@@ -146,9 +150,16 @@ def test_crosscheck_glue_agrees_with_an_engine_like_walk(target, tmp_path) -> No
         observed = {"method": "eagle3", "k": k, "per_step_accepted": acc_obs, "per_step_drafted": drafted,
                     "options": {"model": str(tmp_path / "head")}}  # fmt: skip
         records.append(
-            RequestTrace(f"r{i}", "w", "chat", len(prompt), len(out), prompt_token_ids=prompt,
-                         output_token_ids=out, meta={"target": str(tmp_path / "target"), "dtype": "float32",
-                                                     "observed": observed})  # fmt: skip
+            RequestTrace(
+                f"r{i}",
+                "w",
+                "chat",
+                len(prompt),
+                len(out),
+                prompt_token_ids=prompt,
+                output_token_ids=out,
+                meta={"target": str(tmp_path / "target"), "dtype": "float32", "observed": observed},
+            )
         )
     assert sum(max(r.meta["observed"]["per_step_accepted"]) for r in records) > 0
     fn, skipped = make_run_replay_fn(tmp_path, {})

@@ -152,7 +152,8 @@ def run_demo(
             "suffix": {},  # vLLM's suffix_decoding_* defaults
             "draft_model": {"max_model_len": spec.max_model_len},
         }
-        given = {"draft_model": drafter, "eagle3": eagle3_head}  # model-fed methods: only if the sweep runs them
+        # model-fed methods are replayed only when the sweep runs them
+        given = {"draft_model": drafter, "eagle3": eagle3_head}
         methods = [m for m in DEMO_REPLAY_METHODS if m not in given or given[m]]
         if "suffix" in methods and not suffix_available():
             methods.remove("suffix")

@@ -124,7 +124,12 @@ class Eagle3Head(nn.Module):
         return list(self.iter_ttt(tokens, feats, valid, k))
 
     def iter_ttt(
-        self, tokens: torch.Tensor, feats: torch.Tensor, valid: torch.Tensor, k: int, rows: slice | None = None
+        self,
+        tokens: torch.Tensor,
+        feats: torch.Tensor,
+        valid: torch.Tensor,
+        k: int,
+        rows: slice | None = None,
     ) -> Iterator[torch.Tensor]:
         """`forward_ttt` one step at a time, for the query positions `rows` only (default: all): yields k
         tensors [B, len(rows), Vd]. Rows see the same keys as in the full pass (step-0 keys up to their own
@@ -246,7 +251,9 @@ class Eagle3Head(nn.Module):
             raise ConfigError(f"{path}: not an EAGLE-3 head ({exc})") from None
         unsupported = unsupported_options(cfg)
         if unsupported:
-            raise ConfigError(f"{path}: EAGLE-3 head options speclab does not compute: {', '.join(unsupported)}")
+            raise ConfigError(
+                f"{path}: EAGLE-3 head options speclab does not compute: {', '.join(unsupported)}"
+            )
         head = cls(cfg, embed, st["d2t"], st["t2d"])
         own = {"midlayer." + k: k for k in ("input_layernorm.weight", "hidden_norm.weight")}
         own |= {
@@ -258,7 +265,9 @@ class Eagle3Head(nn.Module):
         try:
             head.load_state_dict(sd, strict=True)
         except RuntimeError as exc:  # missing/unexpected tensors or shapes that disagree with config.json
-            raise ConfigError(f"{path}: weights do not match config.json ({str(exc).splitlines()[-1].strip()})") from None
+            raise ConfigError(
+                f"{path}: weights do not match config.json ({str(exc).splitlines()[-1].strip()})"
+            ) from None
         return head
 
 

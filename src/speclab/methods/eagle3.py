@@ -69,7 +69,9 @@ class Eagle3Proposer:
         if head is None or head == "":
             raise ConfigError(MISSING_HEAD)
         if target is None or target == "":
-            raise ConfigError("eagle3 replay needs its target (--target): the model whose hidden states feed the head")
+            raise ConfigError(
+                "eagle3 replay needs its target (--target): the model whose hidden states feed the head"
+            )
         if isinstance(head, str | Path) and not (Path(head) / "config.json").is_file():
             raise ConfigError(f"eagle3 head {head}: not found (no config.json); {MISSING_HEAD}")
         if threads:
@@ -79,7 +81,9 @@ class Eagle3Proposer:
             from transformers import AutoModelForCausalLM
 
             if not Path(target).exists():
-                raise ConfigError(f"eagle3 target {target}: not found (prepare it with `speclab models prepare`)")
+                raise ConfigError(
+                    f"eagle3 target {target}: not found (prepare it with `speclab models prepare`)"
+                )
             target = AutoModelForCausalLM.from_pretrained(str(target), dtype=getattr(torch, dtype))
         self.target = target.eval()
         if not isinstance(head, Eagle3Head):
