@@ -166,6 +166,25 @@ def test_crosscheck_glue_agrees_with_an_engine_like_walk(target, tmp_path) -> No
     summary = crosscheck_records(records, fn).summary()["eagle3"]
     assert not skipped
     assert summary["agree"] == 3 and summary["steps_matched"] == summary["steps_observed"] > 10
+    # the same through the CLI: replay with the target named by the records, then crosscheck
+    from click.testing import CliRunner
+
+    from speclab.cli import cli
+    from speclab.replay.replay import load_records
+    from speclab.traces import write_store
+
+    store = write_store(tmp_path / "in.parquet", records)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["trace", "--from", str(store), "--methods", "eagle3", "--eagle3-head",
+                              str(tmp_path / "head"), "--k-max", "5", "--out", str(tmp_path / "o.parquet")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "eagle3" in res.output
+    assert load_records(tmp_path / "o.parquet")[0].methods["eagle3"].k_max == 5
+    res = runner.invoke(cli, ["trace", "crosscheck", str(store), "--json"])
+    assert res.exit_code == 0, res.output
+    assert '"agreement_rate": 1.0' in res.output
+    res = runner.invoke(cli, ["trace", "--from", str(store), "--methods", "eagle3", "--out", "x.parquet"])
+    assert res.exit_code != 0 and "trained EAGLE-3 head" in (res.output + str(res.exception))
     # what is missing is said, not guessed
     assert "--eagle3-head" in replay_spec("eagle3", {}, {"target": "x"})
     assert "--target" in replay_spec("eagle3", {"model": "h"}, {})

@@ -6,8 +6,8 @@ The head's forward is not written here: replay and live drafting call `Eagle3Hea
 
 What vLLM 0.32 computes (v1/spec_decode/llm_base_proposer.py, models/llama_eagle3.py), restated:
 - target features at position t: the target's residual stream entering each layer in
-  `eagle_aux_hidden_state_layer_ids` (vLLM's aux hidden states; Hugging Face `hidden_states[i]`),
-  concatenated, then the head's `fc`;
+  `eagle_aux_hidden_state_layer_ids` (vLLM's aux hidden states: hidden + residual before layer i, i.e.
+  Hugging Face `hidden_states[i]`), concatenated in layer order, then the head's `fc`;
 - the head's input at position t is (token x[t+1], feature at t), at rope position t: the proposer shifts
   the target's tokens left by one and puts the token just sampled in the last slot. With context x[..T-1]
   the first draft is the head's output at position T-2 (token x[T-1], the target's features at T-2);
@@ -90,7 +90,8 @@ class Eagle3Proposer:
             embed = self.target.get_input_embeddings().weight.detach().float()
             head = Eagle3Head.load(Path(head), embed)
         self.head = head.eval()
-        self.aux = [int(a) for a in self.head.cfg["eagle_aux_hidden_state_layer_ids"]]
+        # vLLM collects aux states while walking the layers, so their order is the layers' order
+        self.aux = sorted({int(a) for a in self.head.cfg["eagle_aux_hidden_state_layer_ids"]})
         n_layers = int(self.target.config.num_hidden_layers)
         if any(not 0 <= a < n_layers for a in self.aux):
             # HF's hidden_states[n_layers] is after the final norm; vLLM's aux states are all pre-norm
