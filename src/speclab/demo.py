@@ -141,6 +141,7 @@ def run_demo(
 
         records = load_records(run_dir)
         drafter = next((m.options["model"] for m in spec.methods if m.name == "draft_model"), None)
+        eagle3_head = next((m.options["model"] for m in spec.methods if m.name == "eagle3"), None)
         ngram = next((m.options for m in spec.methods if m.name == "ngram"), {})
         options: dict[str, dict[str, Any]] = {
             "ngram": {
@@ -151,12 +152,21 @@ def run_demo(
             "suffix": {},  # vLLM's suffix_decoding_* defaults
             "draft_model": {"max_model_len": spec.max_model_len},
         }
-        methods = [m for m in DEMO_REPLAY_METHODS if m != "draft_model" or drafter]
+        # model-fed methods are replayed only when the sweep runs them
+        given = {"draft_model": drafter, "eagle3": eagle3_head}
+        methods = [m for m in DEMO_REPLAY_METHODS if m not in given or given[m]]
         if "suffix" in methods and not suffix_available():
             methods.remove("suffix")
             echo("   suffix replay skipped: arctic-inference is not installed (scripts/setup.sh installs it)")
         if "draft_model" in methods:
             options["draft_model"]["model"] = str(resolve_model(drafter, spec.dtype, prepare=False))
+        if "eagle3" in methods:
+            options["eagle3"] = {
+                "head": str(resolve_model(eagle3_head, spec.dtype, prepare=False)),
+                "target": str(resolve_model(spec.target, spec.dtype, prepare=False)),
+                "dtype": spec.dtype,
+                "max_model_len": spec.max_model_len,
+            }
         with_ids = [r for r in records if r.prompt_token_ids is not None and r.output_token_ids is not None]
         echo(f"   replaying {', '.join(methods)} (k_max {REPLAY_K_MAX}) over {len(with_ids)} bench records")
         out_records = replay_records(

@@ -12,7 +12,10 @@ import click
 from speclab.errors import ConfigError
 from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N
 
-_METHODS_HELP = "Comma list of methods to replay: ngram, suffix, draft_model, eagle (experimental)."
+_METHODS_HELP = (
+    "Comma list of methods to replay: ngram, suffix, draft_model, eagle3 (a trained EAGLE-3 head), "
+    "eagle (EAGLE-1, experimental)."
+)
 
 
 def _method_options(
@@ -24,6 +27,7 @@ def _method_options(
     threads: int | None,
     eagle_head: str | None = None,
     target: str | None = None,
+    eagle3_head: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     opts: dict[str, dict[str, Any]] = {
         "ngram": {"min_n": ngram_min, "max_n": ngram_max, "max_model_len": max_model_len},
@@ -40,7 +44,30 @@ def _method_options(
         if not target:
             raise ConfigError("eagle replay needs --target (the model whose hidden states feed the head)")
         opts["eagle"] = {"head": eagle_head, "target": str(resolve_model(target))}
+    # eagle3: the head is resolved here; the target here or, with --from, from the records (_eagle3_target)
+    opts["eagle3"] = {"max_model_len": max_model_len, "threads": threads}
+    if eagle3_head:
+        from speclab.models.prepare import resolve_model
+
+        opts["eagle3"]["head"] = str(resolve_model(eagle3_head))
+    if target:
+        from speclab.models.prepare import resolve_model
+
+        opts["eagle3"]["target"] = str(resolve_model(target))
     return opts
+
+
+def _eagle3_target(records: list) -> str:
+    """The one target the records were generated with (bench records carry meta["target"])."""
+    from speclab.models.prepare import resolve_model
+
+    names = {r.meta.get("target") for r in records if r.output_token_ids is not None}
+    if len(names) != 1 or None in names:
+        raise ConfigError(
+            "eagle3 replay needs --target (the records name "
+            + (f"several targets: {', '.join(sorted(map(str, names)))})" if len(names) > 1 else "no target)")
+        )
+    return str(resolve_model(str(names.pop()), prepare=False))
 
 
 def _progress(desc: str):
@@ -79,6 +106,7 @@ def _progress(desc: str):
 )
 @click.option("--suffix-no-global", is_flag=True, help="Suffix: no global tree (max_cached_requests 0).")
 @click.option("--draft-model", default=None, help="Draft checkpoint (preset name or path) for draft_model.")
+@click.option("--eagle3-head", default=None, help="EAGLE-3 head (dir or preset name) for eagle3.")
 @click.option("--eagle-head", default=None, help="EAGLE-1 head dir for eagle (experimental; needs --target).")
 @click.option("--max-model-len", default=None, type=int, help="Cap proposals like an engine with this limit.")
 @click.option("--threads", default=None, type=int, help="torch threads for draft_model (default: torch's).")
@@ -101,6 +129,7 @@ def command(
     suffix_min_token_prob: float,
     suffix_no_global: bool,
     draft_model: str | None,
+    eagle3_head: str | None,
     eagle_head: str | None,
     max_model_len: int | None,
     threads: int | None,
@@ -111,6 +140,7 @@ def command(
     \b
     speclab trace --from RUN_OR_STORE --methods ngram,suffix --out traced.parquet
     speclab trace --workload offline-code-edit --target smollm2-135m --limit 10 --out t.parquet
+    speclab trace --from RUN --methods eagle3 --eagle3-head smollm2-135m-eagle3 --out t.parquet
     speclab trace crosscheck RUN            (replay vs what vLLM accepted, per method)
     """
     ctx.ensure_object(dict)
@@ -129,6 +159,7 @@ def command(
             threads=threads,
             eagle_head=eagle_head,
             target=target,
+            eagle3_head=eagle3_head,
         )
     )
     if ctx.invoked_subcommand is not None:
@@ -148,6 +179,10 @@ def command(
     for m in mlist:
         check_method_name(m)
     options = _method_options(**ctx.obj["opts"])
+    if "eagle3" in mlist and "head" not in options["eagle3"]:
+        from speclab.methods.eagle3 import MISSING_HEAD
+
+        raise ConfigError(MISSING_HEAD)
     if source:
         records = load_records(source)
     else:
@@ -156,6 +191,8 @@ def command(
         from speclab.replay.generate import generate_records
 
         records = generate_records(workload, target, limit=limit, max_tokens=max_tokens, threads=threads)
+    if "eagle3" in mlist and "target" not in options["eagle3"]:
+        options["eagle3"]["target"] = _eagle3_target(records)
     with_ids = [r for r in records if r.prompt_token_ids is not None and r.output_token_ids is not None]
     if not with_ids:
         raise ConfigError(

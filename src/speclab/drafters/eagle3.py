@@ -20,6 +20,7 @@ does after a prefill. So one batched pass gives, for every position, the whole k
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,32 +121,74 @@ class Eagle3Head(nn.Module):
         position t predicts x[t+2+j] from input token x[t+1+j] (positions where t+1+j >= n are garbage; mask
         them in the loss). Padding is appended on the right, so positions stay 0..n-1.
         """
+        return list(self.iter_ttt(tokens, feats, valid, k))
+
+    def iter_ttt(
+        self,
+        tokens: torch.Tensor,
+        feats: torch.Tensor,
+        valid: torch.Tensor,
+        k: int,
+        rows: slice | None = None,
+    ) -> Iterator[torch.Tensor]:
+        """`forward_ttt` one step at a time, for the query positions `rows` only (default: all): yields k
+        tensors [B, len(rows), Vd]. Rows see the same keys as in the full pass (step-0 keys up to their own
+        position), so a block of rows gives exactly the full pass's rows; replay walks long sequences in
+        blocks (memory ~ rows x n instead of n x n) and stops when no chain in the block is still right."""
         b, n = tokens.shape
+        r = rows or slice(0, n)
         pos = torch.arange(n).expand(b, n)
         nxt = torch.roll(tokens, -1, 1)  # x[t+1]; the wrapped last column is masked by callers
         hidden = self.fc(feats)
         q, k0, v0 = self._qkv(nxt, hidden, pos)
-        causal = torch.ones(n, n, dtype=torch.bool).tril() & valid[:, None, None, :]  # [B,1,n,n]
+        # keys beyond the block's last row are never visible to it
+        m = min(r.stop, n)
+        q, k0, v0, hidden, pos = q[:, :, r], k0[:, :, :m], v0[:, :, :m], hidden[:, r], pos[:, r]
+        causal = (torch.arange(m)[None, :] <= pos[0, :, None])[None, None] & valid[:, None, None, :m]
         scale = self.hd**-0.5
         s0 = (q @ k0.transpose(-1, -2)) * scale
         s0 = s0.masked_fill(~causal, float("-inf"))
         logits, pre = self._finish(torch.softmax(s0, -1) @ v0, hidden)
-        out = [logits]
+        yield logits
         chain_k: list[torch.Tensor] = []
         chain_v: list[torch.Tensor] = []
         for j in range(1, k):
-            tok_j = torch.roll(tokens, -(1 + j), 1)
+            tok_j = torch.roll(tokens, -(1 + j), 1)[:, r]
             qj, kj, vj = self._qkv(tok_j, pre, pos + j)
             chain_k.append(kj)
             chain_v.append(vj)
             sj = (qj @ k0.transpose(-1, -2)) * scale
             sj = sj.masked_fill(~causal, float("-inf"))
-            sd = torch.stack([(qj * kk).sum(-1) * scale for kk in chain_k], -1)  # [B,nh,n,j]
+            sd = torch.stack([(qj * kk).sum(-1) * scale for kk in chain_k], -1)  # [B,nh,rows,j]
             p = torch.softmax(torch.cat([sj, sd], -1), -1)
-            attn = p[..., :n] @ v0 + sum(p[..., n + i, None] * chain_v[i] for i in range(j))
+            attn = p[..., :m] @ v0 + sum(p[..., m + i, None] * chain_v[i] for i in range(j))
             logits, pre = self._finish(attn, pre)
-            out.append(logits)
-        return out
+            yield logits
+
+    @torch.no_grad()
+    def greedy_chain(self, tokens: torch.Tensor, feats: torch.Tensor, k: int) -> torch.Tensor:
+        """Live drafting, step by step as vLLM's proposer runs after a prefill: k target ids drafted after
+        the context tokens [T] (T >= 2), given the target's aux features [>= T-1, A*H] at its positions.
+        A causal pass over positions 0..T-2 (input x[t+1] with fc(features at t)) gives the first draft and
+        the head's cache; each later draft feeds the previous draft with the head's pre-norm output at the
+        next position and attends to that cache plus the earlier drafts."""
+        t_len = tokens.shape[0]
+        pos = torch.arange(t_len - 1)[None]
+        hidden = self.fc(feats[None, : t_len - 1])
+        q, kc, vc = self._qkv(tokens[None, 1:], hidden, pos)
+        mask = torch.ones(t_len - 1, t_len - 1, dtype=torch.bool).tril()
+        s = ((q @ kc.transpose(-1, -2)) * self.hd**-0.5).masked_fill(~mask, float("-inf"))
+        logits, pre = self._finish(torch.softmax(s, -1) @ vc, hidden)
+        draft_ids = self.draft_ids()
+        out = [int(draft_ids[logits[0, -1].argmax()])]
+        prev = pre[:, -1:]
+        for j in range(1, k):
+            qj, kj, vj = self._qkv(torch.tensor([[out[-1]]]), prev, torch.tensor([[t_len - 2 + j]]))
+            kc, vc = torch.cat([kc, kj], 2), torch.cat([vc, vj], 2)
+            a = torch.softmax((qj @ kc.transpose(-1, -2)) * self.hd**-0.5, -1) @ vc
+            lg, prev = self._finish(a, prev)
+            out.append(int(draft_ids[lg[0, -1].argmax()]))
+        return torch.tensor(out, dtype=torch.long)
 
     # --- init / save / load ---------------------------------------------------------------------------
 
@@ -206,6 +249,11 @@ class Eagle3Head(nn.Module):
             st = load_file(str(path / "model.safetensors"))
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"{path}: not an EAGLE-3 head ({exc})") from None
+        unsupported = unsupported_options(cfg)
+        if unsupported:
+            raise ConfigError(
+                f"{path}: EAGLE-3 head options speclab does not compute: {', '.join(unsupported)}"
+            )
         head = cls(cfg, embed, st["d2t"], st["t2d"])
         own = {"midlayer." + k: k for k in ("input_layernorm.weight", "hidden_norm.weight")}
         own |= {
@@ -214,8 +262,29 @@ class Eagle3Head(nn.Module):
         own |= {f"midlayer.mlp.{p}.weight": f"{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
         own["midlayer.post_attention_layernorm.weight"] = "post_attention_layernorm.weight"
         sd = {own.get(k, k): v for k, v in st.items()}
-        head.load_state_dict(sd, strict=True)
+        try:
+            head.load_state_dict(sd, strict=True)
+        except RuntimeError as exc:  # missing/unexpected tensors or shapes that disagree with config.json
+            raise ConfigError(
+                f"{path}: weights do not match config.json ({str(exc).splitlines()[-1].strip()})"
+            ) from None
         return head
+
+
+def unsupported_options(cfg: dict[str, Any]) -> list[str]:
+    """Variants of vLLM's llama_eagle3 that this head does not implement (set in other EAGLE-3 checkpoints)."""
+    eagle = cfg.get("eagle_config") or {}
+    bad = [f for f in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual", "attention_bias")
+           if cfg.get(f) or eagle.get(f)]  # fmt: skip
+    if eagle.get("use_aux_hidden_state") is False:
+        bad.append("use_aux_hidden_state = false")
+    if int(cfg.get("num_hidden_layers", 1)) != 1:
+        bad.append(f"num_hidden_layers = {cfg['num_hidden_layers']}")
+    if cfg.get("rope_scaling") or (cfg.get("rope_parameters") or {}).get("rope_type", "default") != "default":
+        bad.append("rope scaling")
+    if not cfg.get("eagle_aux_hidden_state_layer_ids"):
+        bad.append("no top-level eagle_aux_hidden_state_layer_ids")
+    return bad
 
 
 def head_config(target_cfg: dict[str, Any], aux_layers: list[int], draft_vocab: int) -> dict[str, Any]:

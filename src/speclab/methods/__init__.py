@@ -33,6 +33,10 @@ def make_proposer(method: str, **options: Any) -> Any:
             if not options.get("model"):
                 raise ConfigError("draft_model replay needs a draft checkpoint (--draft-model PATH)")
             return DraftModelProposer(**options)
+        if method == "eagle3":
+            from speclab.methods.eagle3 import Eagle3Proposer
+
+            return Eagle3Proposer(**options)
         if method == "eagle":
             from speclab.methods.eagle import EagleProposer
 

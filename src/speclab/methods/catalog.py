@@ -35,7 +35,7 @@ CATALOG: dict[str, MethodFacts] = {
         MethodFacts("suffix", "lookup", replay=True),
         MethodFacts("draft_model", "model", "checkpoint", replay=True),
         MethodFacts("eagle", "model", "head", replay=True),
-        MethodFacts("eagle3", "model", "head"),
+        MethodFacts("eagle3", "model", "head", replay=True),
         MethodFacts("mtp", "model"),  # the target's own multi-token-prediction layers: no option needed
         MethodFacts("custom_class", "custom", "class"),
     )

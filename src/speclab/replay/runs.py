@@ -65,6 +65,28 @@ def replay_spec(
             "max_model_len": cli.get("max_model_len"),
             "threads": cli.get("threads"),
         }
+    if method == "eagle3":
+        head = engine_options.get("model") or cli.get("eagle3_head")
+        target = cli.get("target")
+        if not head:
+            return "no EAGLE-3 head recorded (pass --eagle3-head)"
+        if not target:
+            return "no target recorded (pass --target)"
+        dtype = str(cli.get("dtype") or "float32")
+        try:
+            from speclab.models.prepare import resolve_model
+
+            head_path = str(resolve_model(head, prepare=False))
+            target_path = str(resolve_model(target, dtype, prepare=False))
+        except Exception as exc:  # noqa: BLE001 - reported as a skip reason
+            return f"EAGLE-3 head {head!r} or target {target!r} unavailable here ({exc})"
+        return "eagle3", {
+            "head": head_path,
+            "target": target_path,
+            "dtype": dtype,
+            "max_model_len": cli.get("max_model_len"),
+            "threads": cli.get("threads"),
+        }
     if method == ADAPTIVE_METHOD:
         return ADAPTIVE_REFUSAL
     return f"no speclab replay for {method!r}"
@@ -99,7 +121,11 @@ def make_run_replay_fn(run: Path, cli: dict[str, Any]):
             row = rows.get(str(rec.meta.get("cell_id")), {})
             eopts = effective_options(str(row.get("method", "")), dict(row.get("method_options") or {}))
         mml = observed.get("max_model_len")
-        spec = replay_spec(method, eopts, cli if mml is None else {**cli, "max_model_len": mml})
+        here = dict(cli if mml is None else {**cli, "max_model_len": mml})
+        # the engine's target and dtype (model-fed drafters: EAGLE-3 reads the target's hidden states)
+        here["target"] = rec.meta.get("target") or cli.get("target")
+        here["dtype"] = rec.meta.get("dtype") or cli.get("dtype")
+        spec = replay_spec(method, eopts, here)
         if isinstance(spec, str):
             skipped[method] = spec
             return None
