@@ -110,7 +110,9 @@ def test_bad_input(target_dir, tmp_path) -> None:
     with pytest.raises(ConfigError, match="exceeds the target's vocabulary"):
         build_probe(target_dir, DFlashProbe(aux_layers=AUX, draft_vocab=VOCAB + 1), tmp_path / "a")
     with pytest.raises(ConfigError, match="mask_token_id 50 outside"):
-        build_probe(target_dir, DFlashProbe(aux_layers=AUX, draft_vocab=0, mask_token_id=VOCAB), tmp_path / "b")
+        build_probe(
+            target_dir, DFlashProbe(aux_layers=AUX, draft_vocab=0, mask_token_id=VOCAB), tmp_path / "b"
+        )
     with pytest.raises(ConfigError, match="unknown field"):
         DFlashProbe.from_table({"layer": 2}, "here")
     with pytest.raises(ConfigError, match="layers >= 1"):
