@@ -10,7 +10,7 @@ Method options (`EngineSpec.options`), passed on to vLLM's speculative_config:
 - ngram: prompt_lookup_min, prompt_lookup_max
 - suffix: suffix_decoding_max_tree_depth, suffix_decoding_max_cached_requests,
   suffix_decoding_max_spec_factor, suffix_decoding_min_token_prob
-- draft_model / eagle / eagle3: model (drafter checkpoint or head: path, preset name or hub id)
+- draft_model / eagle / eagle3 / dflash: model (drafter checkpoint or head: path, preset name or hub id)
 - mtp: (none required; options pass through)
 - custom_class: model (dotted path "package.module.ClassName"); proposer_options (a JSON object, exported
   to the worker as SPECLAB_PROPOSER_OPTIONS for speclab.methods.vllm_custom's adapters, not sent to vLLM)

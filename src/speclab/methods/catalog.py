@@ -36,6 +36,8 @@ CATALOG: dict[str, MethodFacts] = {
         MethodFacts("draft_model", "model", "checkpoint", replay=True),
         MethodFacts("eagle", "model", "head", replay=True),
         MethodFacts("eagle3", "model", "head", replay=True),
+        # parallel drafting: one draft forward proposes all k tokens (a DFlash drafter in speculators' layout)
+        MethodFacts("dflash", "model", "head"),
         MethodFacts("mtp", "model"),  # the target's own multi-token-prediction layers: no option needed
         MethodFacts("custom_class", "custom", "class"),
     )

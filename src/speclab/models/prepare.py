@@ -223,6 +223,7 @@ def prepare_model(
         return resolve_trained(preset, train=True, force=force, log=log)
     if not preset.buildable:
         raise ConfigError(f"model {name} is a hub checkpoint ({preset.hub_id}); nothing to prepare locally")
+    dtype = build_dtype(preset, dtype)
     if dtype not in preset.dtypes:
         raise ConfigError(f"model {name}: dtype {dtype} not offered (offered: {', '.join(preset.dtypes)})")
     say = log or (lambda msg: None)
@@ -234,8 +235,14 @@ def prepare_model(
     else:
         assert preset.base
         base_dir = prepare_model(preset.base, "float32", cache_dir, log=log)
+        recipe: Any = list(preset.layers or ())
+        if preset.source == "dflash-probe":
+            from speclab.drafters.dflash import RECIPE_VERSION as PROBE_VERSION
+            from speclab.drafters.dflash import DFlashProbe
+
+            recipe = [PROBE_VERSION, DFlashProbe.from_table(preset.probe, f"model preset {name}").as_dict()]
         source_sha = hashlib.sha256(
-            json.dumps([read_manifest(base_dir)["files"], list(preset.layers or ())]).encode()
+            json.dumps([read_manifest(base_dir)["files"], recipe]).encode()
         ).hexdigest()
     with exclusive_lock(out.parent / f".{dtype}.lock"):
         if not force and is_prepared(out, source_sha):
@@ -247,6 +254,10 @@ def prepare_model(
         try:
             if preset.source == "gguf-package":
                 _build_from_gguf(preset, src, dtype, tmp)
+            elif preset.source == "dflash-probe":
+                from speclab.drafters.dflash import DFlashProbe, build_probe
+
+                build_probe(base_dir, DFlashProbe.from_table(preset.probe, f"model preset {name}"), tmp)
             else:
                 _build_truncated(preset, base_dir, dtype, tmp)
             manifest = {
@@ -257,12 +268,20 @@ def prepare_model(
                 "source_sha256": source_sha,
                 "layers": list(preset.layers) if preset.layers else None,
             }
+            if preset.source == "dflash-probe":
+                manifest["probe"] = preset.probe
             publish_build(tmp, out, manifest)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         say(f"{name} ({dtype}): built in {time.perf_counter() - t0:.1f} s at {out}")
     return out
+
+
+def build_dtype(preset: ModelPreset, dtype: str) -> str:
+    """The dtype a preset is built in: a DFlash probe only in float32 (vLLM casts a drafter to the target's
+    dtype when it loads it), every other buildable preset in the dtype asked for."""
+    return "float32" if preset.source == "dflash-probe" else norm_dtype(dtype)
 
 
 def _looks_like_checkpoint(p: Path) -> bool:
@@ -294,6 +313,7 @@ def resolve_model(
 
             return resolve_trained(preset, train=prepare)
         if preset.buildable:
+            dtype = build_dtype(preset, dtype)
             d = prepared_path(s, dtype, cache_dir)
             if is_prepared(d, verify_files=False):
                 return d

@@ -5,7 +5,9 @@ package; `source = "truncate"`: a layer-truncated copy of another preset, used a
 names a Hugging Face hub checkpoint (`source = "hub"`, `hub_id = ...`) for GPU machines. A drafter trained
 by speclab on this machine is a preset too (`source = "distill"`: a distilled draft model, `source =
 "train-eagle3"`: an EAGLE-3 head; `base` = the target, optional `[train]` = recipe fields): it is trained on
-first use and then cached (speclab.drafters.named). A target preset
+first use and then cached (speclab.drafters.named). `source = "dflash-probe"` is a DFlash drafter with seeded
+random weights for `base` (a cost probe, speclab.drafters.dflash; optional `[probe]` = its fields), built like
+a truncated draft, in float32 only (vLLM runs a drafter in the target's dtype). A target preset
 lists its drafters per SD method in a `[drafters]` table (values: preset names or hub ids).
 """
 
@@ -19,9 +21,9 @@ from typing import Any
 
 from speclab.errors import ConfigError
 
-SOURCES = ("gguf-package", "truncate", "hub", "distill", "train-eagle3")
+SOURCES = ("gguf-package", "truncate", "hub", "distill", "train-eagle3", "dflash-probe")
 TRAINED_SOURCES = ("distill", "train-eagle3")
-ROLES = ("target", "draft_model", "eagle", "eagle3", "mtp")
+ROLES = ("target", "draft_model", "eagle", "eagle3", "dflash", "mtp")
 
 
 @dataclass(frozen=True)
@@ -41,10 +43,11 @@ class ModelPreset:
     engine: dict[str, Any] = field(default_factory=dict)  # suggested engine settings (e.g. tp size)
     notes: str = ""
     train: dict[str, Any] = field(default_factory=dict)  # recipe fields of a trained drafter
+    probe: dict[str, Any] = field(default_factory=dict)  # fields of a dflash-probe (DFlashProbe)
 
     @property
     def buildable(self) -> bool:
-        return self.source in ("gguf-package", "truncate") or self.trained
+        return self.source in ("gguf-package", "truncate", "dflash-probe") or self.trained
 
     @property
     def trained(self) -> bool:
@@ -69,6 +72,14 @@ def _parse(d: dict[str, Any], where: str) -> ModelPreset:
         raise ConfigError(f"{where}: fields package and gguf_file: needed for source gguf-package")
     if source == "truncate" and not (d.get("base") and d.get("layers")):
         raise ConfigError(f"{where}: fields base and layers: needed for source truncate")
+    if source == "dflash-probe":
+        if not d.get("base"):
+            raise ConfigError(
+                f"{where}: field base: needed for source dflash-probe (the target it drafts for)"
+            )
+        from speclab.drafters.dflash import DFlashProbe
+
+        DFlashProbe.from_table(dict(d.get("probe", {})), where)  # bad fields fail when presets load
     if source in TRAINED_SOURCES and not d.get("base"):
         raise ConfigError(f"{where}: field base: needed for source {source} (the target it is trained for)")
     return ModelPreset(
@@ -87,6 +98,7 @@ def _parse(d: dict[str, Any], where: str) -> ModelPreset:
         engine=dict(d.get("engine", {})),
         notes=d.get("notes", ""),
         train=dict(d.get("train", {})),
+        probe=dict(d.get("probe", {})),
     )
 
 
