@@ -32,6 +32,7 @@ import torch
 
 from speclab.atomic import atomic_path, exclusive_lock
 from speclab.drafters.data import (
+    DATA_CHUNK,
     DATA_VERSION,
     TOPK,
     Sequence,
@@ -280,58 +281,72 @@ def train_eagle(
         return _train_locked(recipe, model, tok, target_dir, tcfg, aux, root, out, say, max_minutes, t_start)
 
 
+def data_chunks(prompts: list[Any], size: int = DATA_CHUNK) -> list[list[Any]]:
+    """Per workload (in order of first appearance), consecutive runs of `size` prompts in draw order: since a
+    larger draw starts with a smaller one, its first chunks are the smaller draw's and are reused."""
+    by: dict[str, list[Any]] = {}
+    for p in prompts:
+        by.setdefault(p.workload, []).append(p)
+    return [ps[i : i + size] for ps in by.values() for i in range(0, len(ps), size)]
+
+
 def load_data(
     recipe: Any, aux: list[int], model: Any, tok: Any, target_dir: Path, root: Path, say: Any
 ) -> tuple[list[Sequence], list[Sequence], float]:
-    """The self-distillation data (training and held-out sequences) every trainer shares: cached as
-    data-<hash>.pt / eval-<hash>.pt, keyed by the data fields of `recipe` (seed, workloads, max_new_tokens,
-    max_prompt_tokens, eval_*), the aux layers and the target's checksums. Refuses overlap of the two."""
+    """The self-distillation data (training and held-out sequences) every trainer shares. Cached per chunk of
+    DATA_CHUNK prompts of one workload (`data-<hash>.pt`, held out: `eval-<hash>.pt`), keyed by the chunk's
+    prompt ids, max_new_tokens, max_prompt_tokens, the aux layers, the data version and the target's
+    checksums: scaling one workload up generates only its new chunks. Refuses overlap of the two sets."""
     ident = target_identity(target_dir)
-    data_key = hashlib.sha256(
-        json.dumps(
-            [
-                DATA_VERSION,
-                TOPK,
-                recipe.seed,
-                recipe.workloads,
-                recipe.max_new_tokens,
-                recipe.max_prompt_tokens,
-                aux,
-                ident,
-            ],
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()[:12]
-    eval_key = hashlib.sha256(
-        json.dumps(
-            [
-                DATA_VERSION,
-                TOPK,
-                recipe.eval_workloads,
-                recipe.eval_prompts,
-                recipe.eval_seed,
-                recipe.max_new_tokens,
-                recipe.max_prompt_tokens,
-                aux,
-                ident,
-            ]
-        ).encode()
-    ).hexdigest()[:12]
 
-    def gen(prompts: list[Any]) -> Any:
-        return lambda: build_sequences(
-            model, tok, prompts, aux, recipe.max_new_tokens, recipe.max_prompt_tokens, batch_size=8, log=say
-        )
+    def chunk_key(chunk: list[Any]) -> str:
+        blob = [
+            DATA_VERSION,
+            TOPK,
+            DATA_CHUNK,
+            [p.id for p in chunk],
+            recipe.max_new_tokens,
+            recipe.max_prompt_tokens,
+            aux,
+            ident,
+        ]
+        return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
+
+    def cached(prompts: list[Any], kind: str) -> list[Sequence]:
+        chunks = data_chunks(prompts)
+        seqs: list[Sequence] = []
+        for i, chunk in enumerate(chunks):
+            path = root / f"{kind}-{chunk_key(chunk)}.pt"
+            t = time.perf_counter()
+
+            def build(chunk: list[Any] = chunk) -> list[Sequence]:
+                return build_sequences(
+                    model,
+                    tok,
+                    chunk,
+                    aux,
+                    recipe.max_new_tokens,
+                    recipe.max_prompt_tokens,
+                    batch_size=DATA_CHUNK,
+                )
+
+            fresh = not path.is_file()
+            seqs += cached_sequences(path, build, lambda m: None)
+            state = f"generated in {time.perf_counter() - t:.0f} s" if fresh else "cached"
+            say(
+                f"data: {kind} chunk {i + 1}/{len(chunks)} ({chunk[0].workload}, {len(chunk)} prompts) {state}"
+            )
+        return seqs
 
     t0 = time.perf_counter()
     train_p = training_prompts(recipe.workloads, recipe.seed)
     say(f"data: {len(train_p)} training prompts (bench/demo prompts held out)")
-    train = cached_sequences(root / f"data-{data_key}.pt", gen(train_p), say)
     held_p = eval_prompts(recipe.eval_workloads, recipe.eval_prompts, recipe.eval_seed)
-    overlap = {p.id for p in held_p} & {s.prompt_id for s in train}
+    overlap = {p.id for p in held_p} & {p.id for p in train_p}
     if overlap:
         raise SpeclabError(f"drafters: {len(overlap)} evaluation prompts are in the training data")
-    heldout = cached_sequences(root / f"eval-{eval_key}.pt", gen(held_p), say)
+    train = cached(train_p, "data")
+    heldout = cached(held_p, "eval")
     return train, heldout, time.perf_counter() - t0
 
 
