@@ -361,6 +361,11 @@ def test_scaling_one_workload_generates_only_its_new_chunks(target, seqs, tmp_pa
     ]
     m = json.loads((big / "speclab-manifest.json").read_text())
     assert big != small and m["data"]["train_prompts"] == 2 * DATA_CHUNK + 8
+    assert m["data"]["train_prompts_by_workload"] == {"a": 2 * DATA_CHUNK + 3, "b": 5}
+    assert (m["data"]["generated_prompts"], m["data"]["cached_prompts"]) == (
+        DATA_CHUNK + 3,
+        DATA_CHUNK + 5 + 4,
+    )
 
 
 def test_workload_prompts_option() -> None:

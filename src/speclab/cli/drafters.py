@@ -239,9 +239,17 @@ def show_cmd(path: str) -> None:
         raise SpeclabError(f"{p}: no speclab-manifest.json (not a speclab-trained drafter)")
     _summary(p)
     m = json.loads((p / "speclab-manifest.json").read_text())
-    click.echo("  curve (train tokens, seconds, first-acc, tokens/step over all held-out):")
-    for pt in m["training"]["curve"]:
-        a = pt.get("all", {})
-        click.echo(
-            f"    {pt['train_tokens']:>8} {pt['seconds']:>8} {a.get('first_acceptance')} {a.get('tokens_per_step')}"
+    curve = m["training"]["curve"]
+    groups = [k for k, v in (curve[-1] if curve else {}).items() if isinstance(v, dict)]
+    click.echo(
+        "  curve (held out; per group: first-position acceptance / tokens per step; seconds of training):"
+    )
+    click.echo("    " + f"{'step':>5} {'tokens':>9} {'seconds':>8}" + "".join(f" {g:>22}" for g in groups))
+    for pt in curve:
+        cells = "".join(
+            f" {pt[g]['first_acceptance']:>14.3f} / {pt[g]['tokens_per_step']:.3f}"
+            if g in pt
+            else f" {'-':>22}"
+            for g in groups
         )
+        click.echo(f"    {pt.get('step', '-'):>5} {pt['train_tokens']:>9} {pt['seconds']:>8}" + cells)
