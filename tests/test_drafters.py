@@ -15,6 +15,7 @@ from helpers import tiny_llama
 pytest.importorskip("transformers")
 
 from speclab.drafters.data import (  # noqa: E402
+    TRAIN_SEED_OFFSET,
     Sequence,
     eval_prompts,
     greedy_with_features,
@@ -84,6 +85,66 @@ def test_batched_greedy_features_match_a_plain_forward(target, seqs) -> None:
         assert torch.equal(am[s.out_start - 1 : -1], s.tokens[s.out_start :])  # greedy continuation
         assert torch.equal(s.labels[:-1], am[:-1]) and s.labels[-1] == -1
         assert torch.allclose(hs[:-1], s.feats[:-1].float(), atol=5e-3)  # stored as float16
+
+
+def _incremental(model, prompt: list[int], aux: list[int], max_new: int, stop: set[int], topk: int):
+    """The reference: one prompt decoded step by step with a KV cache, keeping features, argmax and top-k
+    logits of every fed position as decoding computes them (what data version 2 stored)."""
+    from transformers import DynamicCache
+
+    toks, feats, labels, tops = list(prompt), [], [], []
+    cache, x = DynamicCache(), torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(max_new):
+            o = model(input_ids=x, past_key_values=cache, use_cache=True, output_hidden_states=True)
+            feats.append(torch.cat([o.hidden_states[a] for a in aux], -1)[0])
+            labels.append(o.logits[0].argmax(-1))
+            tops.append(o.logits[0].topk(topk, -1))
+            nxt = int(labels[-1][-1])
+            toks.append(nxt)
+            if nxt in stop:
+                break
+            x = torch.tensor([[nxt]])
+    return (
+        toks,
+        torch.cat(feats),
+        torch.cat(labels),
+        torch.cat([t.values for t in tops]),
+        torch.cat([t.indices for t in tops]),
+    )
+
+
+def test_teacher_forced_features_equal_step_by_step_decoding() -> None:
+    """The data path (batched greedy decoding without features, then one teacher-forced forward per finished
+    sequence) gives the tokens, labels, features and top-k of step-by-step decoding, up to float rounding."""
+    model = tiny_llama(5, vocab=VOCAB)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(VOCAB - 1) for _ in range(rng.randrange(2, 12))] for _ in range(7)]
+    free = greedy_with_features(model, prompts[:1], AUX, 16, set(), topk=6)[0]
+    stop = {VOCAB - 1, int(free[0][len(prompts[0]) + 3])}  # an id it emits: some rows stop early in a batch
+    got = greedy_with_features(model, prompts, AUX, 16, stop, batch_size=4, topk=6)
+    assert any(len(t) - n < 16 for t, _, _, n, _, _ in got)  # some rows stopped at a stop id
+    for p, (t, f, lab, n0, ti, tv) in zip(prompts, got, strict=True):
+        toks, feats, labels, tvals, tids = _incremental(model, p, AUX, 16, stop, 6)
+        assert t.tolist() == toks and n0 == len(p)
+        m = len(toks) - 1  # positions fed while decoding; the last token never is
+        assert torch.equal(lab[:m], labels[:m]) and lab[m] == -1
+        assert torch.allclose(f[:m].float(), feats[:m], atol=2e-3, rtol=1e-3)  # float16 storage
+        assert not f[m].any() and not tv[m].any() and not ti[m].any()
+        assert torch.equal(ti[:m].long(), tids[:m])
+        assert torch.allclose(tv[:m].float(), tvals[:m], atol=2e-2)
+
+
+def test_teacher_forced_groups_bound_the_padded_tokens() -> None:
+    from speclab.drafters.data import teacher_forced
+
+    model = tiny_llama(6, vocab=VOCAB)
+    seqs = [list(range(1, n + 1)) for n in (30, 5, 12, 30, 7)]
+    small = teacher_forced(model, seqs, AUX, 4, tokens_per_forward=32)  # mostly one sequence per forward
+    big = teacher_forced(model, seqs, AUX, 4, tokens_per_forward=10_000)
+    for s, a, b in zip(seqs, small, big, strict=True):
+        assert a[0].shape == (len(s), 64) and torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+        assert torch.allclose(a[0].float(), b[0].float(), atol=2e-3)
 
 
 # --- the head -----------------------------------------------------------------------------------------
@@ -253,3 +314,98 @@ def test_train_eagle_saves_a_manifest_and_reuses_the_cache(target, seqs, tmp_pat
     assert "(4/4 steps, 2 epochs planned)" in shown.output
     (out / "model.safetensors").write_bytes(b"corrupt")
     assert not tr.is_trained(out)
+
+
+def test_scaling_one_workload_generates_only_its_new_chunks(target, seqs, tmp_path, monkeypatch) -> None:
+    import speclab.drafters.train as tr
+    from speclab.drafters.data import DATA_CHUNK
+    from speclab.workloads.base import Prompt
+
+    tdir = tmp_path / "target"
+    tdir.mkdir()
+    (tdir / "config.json").write_text(json.dumps(target.config.to_dict()))
+    calls: list[list[str]] = []
+
+    def fake_build(model, tok, prompts, aux, max_new, max_prompt, batch_size=8, log=None):
+        calls.append([p.id for p in prompts])
+        return [
+            Sequence(**{**seqs[i % len(seqs)].__dict__, "prompt_id": p.id, "workload": p.workload})
+            for i, p in enumerate(prompts)
+        ]
+
+    def draw(workloads: dict[str, int], seed: int) -> list:  # a larger draw starts with a smaller one
+        return [
+            Prompt(f"{w}{i}", w, "chat", [{"role": "user", "content": str(i)}])
+            for w, n in workloads.items()
+            for i in range(n)
+        ]
+
+    monkeypatch.setattr(tr, "load_target", lambda name: (target, None, tdir))
+    monkeypatch.setattr(tr, "target_path", lambda name, prepare=True: tdir)
+    monkeypatch.setattr(tr, "training_prompts", draw)
+    monkeypatch.setattr(tr, "build_sequences", fake_build)
+    monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed: draw({"e": 4}, 0))
+    base = dict(target="tiny", draft_vocab=30, epochs=1, batch_size=16, evals=1, aux_layers=AUX)
+    small = tr.train_eagle(
+        tr.EagleRecipe(**base, workloads={"a": DATA_CHUNK + 8, "b": 5}), str(tmp_path / "c")
+    )
+    assert [len(c) for c in calls] == [DATA_CHUNK, 8, 5, 4]
+    calls.clear()
+    big = tr.train_eagle(
+        tr.EagleRecipe(**base, workloads={"a": 2 * DATA_CHUNK + 3, "b": 5}), str(tmp_path / "c")
+    )
+    # a's first chunk, b and the held-out set come from the cache; a's other prompts are new chunks
+    assert calls == [
+        [f"a{i}" for i in range(DATA_CHUNK, 2 * DATA_CHUNK)],
+        [f"a{i}" for i in range(2 * DATA_CHUNK, 2 * DATA_CHUNK + 3)],
+    ]
+    m = json.loads((big / "speclab-manifest.json").read_text())
+    assert big != small and m["data"]["train_prompts"] == 2 * DATA_CHUNK + 8
+    assert m["data"]["train_prompts_by_workload"] == {"a": 2 * DATA_CHUNK + 3, "b": 5}
+    assert (m["data"]["generated_prompts"], m["data"]["cached_prompts"]) == (
+        DATA_CHUNK + 3,
+        DATA_CHUNK + 5 + 4,
+    )
+
+
+def test_workload_prompts_option() -> None:
+    from speclab.cli.drafters import scaled_workloads
+    from speclab.errors import ConfigError
+
+    base = {"offline-math": 64, "offline-chat": 64, "offline-code-edit": 16}
+    assert scaled_workloads(base, 1.0, ("offline-chat=256",)) == {**base, "offline-chat": 256}
+    assert scaled_workloads(base, 2.0, ("offline-chat=512,offline-code-edit=0",)) == {
+        "offline-math": 128,
+        "offline-chat": 512,
+    }
+    assert (
+        scaled_workloads(base, 1.0, ("offline-summarization=3", "offline-math=1"))["offline-summarization"]
+        == 3
+    )
+    for bad, msg in (
+        ("offline-chat", "expected WORKLOAD=N"),
+        ("offline-chat=-2", "expected WORKLOAD=N"),
+        ("offline-chat=x", "expected WORKLOAD=N"),
+        ("chat=5", "unknown workload chat"),
+        ("offline-math=0,offline-chat=0,offline-code-edit=0", "no training prompts left"),
+    ):
+        with pytest.raises(ConfigError, match=msg):
+            scaled_workloads(base, 1.0, (bad,))
+
+
+def test_training_prompts_scale_as_prefixes_and_refuse_too_many(monkeypatch) -> None:
+    from speclab.errors import ConfigError
+
+    small = training_prompts({"offline-chat": 64}, seed=0)
+    big = training_prompts({"offline-chat": 512}, seed=0)
+    assert [p.id for p in big[:64]] == [p.id for p in small] and len({p.id for p in big}) == 512
+    assert not {p.id for p in big} & heldout_ids(("offline-chat",))
+    import speclab.workloads.registry as reg
+
+    few = big[:100]  # a workload that can only make 100 distinct prompts
+    monkeypatch.setattr(
+        reg, "load_workload", lambda w, limit, seed: few[:limit] if seed == TRAIN_SEED_OFFSET else []
+    )
+    assert len(training_prompts({"offline-chat": 90}, seed=0)) == 90
+    with pytest.raises(ConfigError, match="only 100 distinct training prompts outside the held-out set"):
+        training_prompts({"offline-chat": 101}, seed=0)

@@ -35,6 +35,14 @@ def train_group() -> None:
     help="Multiply the number of training prompts per workload (a longer budget for a better head).",
 )
 @click.option(
+    "--workload-prompts",
+    "workload_prompts",
+    multiple=True,
+    metavar="WORKLOAD=N",
+    help="Training prompts of one workload, e.g. offline-chat=256 (after --prompts-scale; repeatable; "
+    "N = 0 drops it). Scales one workload alone: the others' cached data is reused.",
+)
+@click.option(
     "--max-new-tokens", type=int, default=None, help="Greedy tokens per training prompt (default 64)."
 )
 @click.option("--max-minutes", type=float, default=None, help="Stop training after this long (recorded).")
@@ -48,6 +56,7 @@ def train_eagle_cmd(
     draft_vocab: int | None,
     k: int | None,
     prompts_scale: float,
+    workload_prompts: tuple[str, ...],
     max_new_tokens: int | None,
     max_minutes: float | None,
     threads: int | None,
@@ -62,9 +71,7 @@ def train_eagle_cmd(
     from speclab.errors import ConfigError
 
     recipe = EagleRecipe(target=target, seed=seed)
-    if prompts_scale <= 0:
-        raise ConfigError("--prompts-scale must be > 0")
-    recipe.workloads = {w: max(1, round(n * prompts_scale)) for w, n in recipe.workloads.items()}
+    recipe.workloads = scaled_workloads(recipe.workloads, prompts_scale, workload_prompts)
     for name, value in (
         ("epochs", epochs),
         ("draft_vocab", draft_vocab),
@@ -109,6 +116,14 @@ def train_eagle_cmd(
     help="Multiply the number of training prompts per workload (a longer budget for a better draft).",
 )
 @click.option(
+    "--workload-prompts",
+    "workload_prompts",
+    multiple=True,
+    metavar="WORKLOAD=N",
+    help="Training prompts of one workload, e.g. offline-chat=256 (after --prompts-scale; repeatable; "
+    "N = 0 drops it). Scales one workload alone: the others' cached data is reused.",
+)
+@click.option(
     "--max-new-tokens", type=int, default=None, help="Greedy tokens per training prompt (default 64)."
 )
 @click.option("--max-minutes", type=float, default=None, help="Stop training after this long (recorded).")
@@ -122,6 +137,7 @@ def train_draft_cmd(
     layers: str | None,
     epochs: int | None,
     prompts_scale: float,
+    workload_prompts: tuple[str, ...],
     max_new_tokens: int | None,
     max_minutes: float | None,
     threads: int | None,
@@ -137,9 +153,7 @@ def train_draft_cmd(
     from speclab.errors import ConfigError
 
     recipe = DraftRecipe(target=target, seed=seed)
-    if prompts_scale <= 0:
-        raise ConfigError("--prompts-scale must be > 0")
-    recipe.workloads = {w: max(1, round(n * prompts_scale)) for w, n in recipe.workloads.items()}
+    recipe.workloads = scaled_workloads(recipe.workloads, prompts_scale, workload_prompts)
     for name, value in (("depth", depth), ("epochs", epochs), ("max_new_tokens", max_new_tokens)):
         if value is not None:
             if value < 1:
@@ -160,6 +174,35 @@ def train_draft_cmd(
     )
     click.echo(str(path))
     _summary(path)
+
+
+def scaled_workloads(base: dict[str, int], scale: float, overrides: tuple[str, ...]) -> dict[str, int]:
+    """Training prompts per workload: `base` times --prompts-scale, then the --workload-prompts W=N overrides
+    (comma-separated or repeated; N = 0 drops the workload)."""
+    from speclab.drafters.data import OFFLINE_WORKLOADS
+    from speclab.errors import ConfigError
+
+    if scale <= 0:
+        raise ConfigError("--prompts-scale must be > 0")
+    out = {w: max(1, round(n * scale)) for w, n in base.items()}
+    for item in (x.strip() for o in overrides for x in o.split(",") if x.strip()):
+        name, eq, num = item.partition("=")
+        name = name.strip()
+        try:
+            n = int(num)
+        except ValueError:
+            n = -1
+        if not eq or n < 0:
+            raise ConfigError(f"--workload-prompts {item!r}: expected WORKLOAD=N with N >= 0")
+        if name not in OFFLINE_WORKLOADS:
+            raise ConfigError(
+                f"--workload-prompts {item!r}: unknown workload {name} (one of {', '.join(OFFLINE_WORKLOADS)})"
+            )
+        out[name] = n
+    out = {w: n for w, n in out.items() if n > 0}
+    if not out:
+        raise ConfigError("--workload-prompts: no training prompts left")
+    return out
 
 
 def _summary(path: Path) -> None:
@@ -196,9 +239,17 @@ def show_cmd(path: str) -> None:
         raise SpeclabError(f"{p}: no speclab-manifest.json (not a speclab-trained drafter)")
     _summary(p)
     m = json.loads((p / "speclab-manifest.json").read_text())
-    click.echo("  curve (train tokens, seconds, first-acc, tokens/step over all held-out):")
-    for pt in m["training"]["curve"]:
-        a = pt.get("all", {})
-        click.echo(
-            f"    {pt['train_tokens']:>8} {pt['seconds']:>8} {a.get('first_acceptance')} {a.get('tokens_per_step')}"
+    curve = m["training"]["curve"]
+    groups = [k for k, v in (curve[-1] if curve else {}).items() if isinstance(v, dict)]
+    click.echo(
+        "  curve (held out; per group: first-position acceptance / tokens per step; seconds of training):"
+    )
+    click.echo("    " + f"{'step':>5} {'tokens':>9} {'seconds':>8}" + "".join(f" {g:>22}" for g in groups))
+    for pt in curve:
+        cells = "".join(
+            f" {pt[g]['first_acceptance']:>14.3f} / {pt[g]['tokens_per_step']:.3f}"
+            if g in pt
+            else f" {'-':>22}"
+            for g in groups
         )
+        click.echo(f"    {pt.get('step', '-'):>5} {pt['train_tokens']:>9} {pt['seconds']:>8}" + cells)

@@ -24,7 +24,10 @@ OFFLINE_WORKLOADS = (
     "offline-summarization",
 )
 TRAIN_SEED_OFFSET = 7_919  # training prompts come from seed + this, never from a bench/demo seed
-DATA_VERSION = "2"  # 2: top-k logits kept beside features and labels
+# 2: top-k logits kept beside features and labels; 3: features/logits from one teacher-forced forward after
+# decoding (equal up to float rounding), decoded in chunks of DATA_CHUNK prompts, one cache file per chunk
+DATA_VERSION = "3"
+DATA_CHUNK = 32  # prompts decoded as one batch and cached as one file (a larger draw reuses its first chunks)
 TOPK = 32  # the target's top-k logits kept per position (the distilled draft's KL target)
 HOLDOUT_LIMIT = 128  # offline builders draw lazily, so a smaller draw with the same seed is a prefix of this
 
@@ -61,13 +64,21 @@ def heldout_ids(workloads: tuple[str, ...] = OFFLINE_WORKLOADS) -> set[str]:
 
 def training_prompts(workloads: dict[str, int], seed: int) -> list[Any]:
     """`workloads`: name -> number of prompts. Drawn with seed + TRAIN_SEED_OFFSET, held-out ids removed."""
+    from speclab.errors import ConfigError
     from speclab.workloads.registry import load_workload
 
     held = heldout_ids(tuple(workloads))
     out = []
     for w, n in workloads.items():
+        # draws are lazy (a larger draw starts with a smaller one), so n prompts are a prefix of 2n prompts
         cands = load_workload(w, limit=n * 2 + 50, seed=seed + TRAIN_SEED_OFFSET)
-        out += [p for p in cands if p.id not in held][:n]
+        kept = [p for p in cands if p.id not in held][:n]
+        if len(kept) < n:
+            raise ConfigError(
+                f"drafters: {w} has only {len(kept)} distinct training prompts outside the held-out set "
+                f"(asked for {n})"
+            )
+        out += kept
     return out
 
 
@@ -105,97 +116,119 @@ def eos_ids(model: Any, tokenizer: Any) -> set[int]:
 
 
 @torch.inference_mode()
+def greedy_tokens(
+    model: Any, prompts: list[list[int]], max_new_tokens: int, stop: set[int]
+) -> list[list[int]]:
+    """Greedy decoding of all `prompts` as one batch (stops at a stop id, as bench does with ignore_eos off):
+    left padding hidden by the attention mask, position ids counting real tokens only, a KV cache, and only
+    the last position's logits computed. Returns each prompt followed by its greedy output."""
+    from transformers import DynamicCache
+
+    b, lens = len(prompts), [len(p) for p in prompts]
+    width = max(lens)
+    toks: list[list[int]] = [list(p) for p in prompts]
+    ids = torch.zeros(b, width, dtype=torch.long)
+    mask = torch.zeros(b, width, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p) :] = torch.tensor(p)
+        mask[r, width - len(p) :] = 1
+    cache = DynamicCache()
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=pos,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    nxt = out.logits[:, -1].argmax(-1)
+    done = [False] * b
+    for step in range(max_new_tokens):
+        for r in range(b):
+            if not done[r]:
+                toks[r].append(int(nxt[r]))
+                done[r] = int(nxt[r]) in stop
+        if all(done) or step == max_new_tokens - 1:
+            break  # the last token appended is never fed
+        mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.long)], 1)
+        pos = mask.sum(1, keepdim=True) - 1
+        out = model(
+            input_ids=nxt[:, None],
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        nxt = out.logits[:, -1].argmax(-1)
+    return toks
+
+
+@torch.inference_mode()
+def teacher_forced(
+    model: Any, seqs: list[list[int]], aux_layers: list[int], topk: int, tokens_per_forward: int = 1024
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """One forward over each finished sequence: per position the hidden states at `aux_layers` (float16), the
+    argmax and the `topk` largest logits. Sequences are right-padded in length-sorted groups of at most
+    `tokens_per_forward` padded tokens (bounds the [tokens, vocab] logits); no mask is needed, since under the
+    causal mask a real position never sees the padding after it."""
+    kk = min(topk, model.config.vocab_size)
+    res: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    groups: list[list[int]] = []
+    for i in order:  # ascending lengths: a group's padded size is its count x its last length
+        if groups and (len(groups[-1]) + 1) * len(seqs[i]) <= tokens_per_forward:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    for g in groups:
+        width = max(len(seqs[i]) for i in g)
+        ids = torch.zeros(len(g), width, dtype=torch.long)
+        for r, i in enumerate(g):
+            ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
+        out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+        hs = torch.cat([out.hidden_states[a] for a in aux_layers], -1)
+        top = out.logits.topk(kk, -1)
+        am = out.logits.argmax(-1)
+        for r, i in enumerate(g):
+            n = len(seqs[i])
+            res[i] = (hs[r, :n].half(), am[r, :n], top.indices[r, :n].int(), top.values[r, :n].half())
+    return [res[i] for i in range(len(seqs))]
+
+
+@torch.inference_mode()
 def greedy_with_features(
     model: Any,
     prompts: list[list[int]],
     aux_layers: list[int],
     max_new_tokens: int,
     stop: set[int],
-    batch_size: int = 8,
+    batch_size: int = 32,
     topk: int = TOPK,
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]]:
-    """Greedy decoding (stops at a stop id, as bench does with ignore_eos off) that keeps, for every
-    position, the target's hidden states at `aux_layers` (HF hidden_states indices), its argmax and its
-    `topk` largest logits (free: the logits are computed anyway).
+    """Greedy decoding in batches of `batch_size` prompts (`greedy_tokens`, no features kept while decoding),
+    then one teacher-forced forward over each finished sequence (`teacher_forced`) for the target's hidden
+    states at `aux_layers` (HF hidden_states indices), its argmax and its `topk` largest logits at every
+    position: the same values as keeping them during decoding, up to float rounding
+    (tests/test_drafters.py checks it against step-by-step decoding), at a fraction of the cost.
 
-    Batched with left padding and explicit position ids; each row is fed its own next token. Returns per
-    prompt (tokens, feats, labels, out_start, topk_ids, topk_logits)."""
-    from transformers import DynamicCache
-
+    Returns per prompt (tokens, feats, labels, out_start, topk_ids, topk_logits). labels[t] is the target's
+    greedy token after x[..t]: the next token at output positions (exactly what decoding chose), the argmax
+    at prompt positions, -1 at the last position, whose features and logits are zero (it was never fed)."""
     results: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]] = []
-    kk = min(topk, model.config.vocab_size)
     for i in range(0, len(prompts), batch_size):
         chunk = prompts[i : i + batch_size]
-        b, lens = len(chunk), [len(p) for p in chunk]
-        width = max(lens)
-        toks: list[list[int]] = [list(p) for p in chunk]
-        feats: list[list[torch.Tensor]] = [[] for _ in chunk]
-        labels: list[list[int]] = [[] for _ in chunk]
-        tk_ids: list[list[torch.Tensor]] = [[] for _ in chunk]
-        tk_val: list[list[torch.Tensor]] = [[] for _ in chunk]
-        # Left padding, hidden by the attention mask; position ids count real tokens only.
-        ids = torch.zeros(b, width, dtype=torch.long)
-        mask = torch.zeros(b, width, dtype=torch.long)
-        for r, p in enumerate(chunk):
-            ids[r, width - len(p) :] = torch.tensor(p)
-            mask[r, width - len(p) :] = 1
-        cache = DynamicCache()
-        pos = (mask.cumsum(1) - 1).clamp(min=0)
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            output_hidden_states=True,
-            use_cache=True,
-        )
-        hs = torch.cat([out.hidden_states[a] for a in aux_layers], -1)
-        am = out.logits.argmax(-1)
-        top = out.logits.topk(kk, -1)
-        for r, n in enumerate(lens):
-            feats[r].append(hs[r, width - n :].half())
-            labels[r] += am[r, width - n :].tolist()
-            tk_ids[r].append(top.indices[r, width - n :].int())
-            tk_val[r].append(top.values[r, width - n :].half())
-        done = [False] * b
-        nxt = am[:, -1]
-        for step in range(max_new_tokens):
-            for r in range(b):
-                if not done[r]:
-                    toks[r].append(int(nxt[r]))
-                    done[r] = int(nxt[r]) in stop
-            if all(done) or step == max_new_tokens - 1:
-                break  # the last token appended is never fed: its features and label stay unknown
-            mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.long)], 1)
-            pos = mask.sum(1, keepdim=True) - 1
-            out = model(
-                input_ids=nxt[:, None],
-                attention_mask=mask,
-                position_ids=pos,
-                past_key_values=cache,
-                output_hidden_states=True,
-                use_cache=True,
-            )
-            hs = torch.cat([out.hidden_states[a] for a in aux_layers], -1)[:, 0]
-            nxt = out.logits[:, -1].argmax(-1)
-            top = out.logits[:, -1].topk(kk, -1)
-            for r in range(b):
-                if not done[r]:
-                    feats[r].append(hs[r : r + 1].half())
-                    labels[r].append(int(nxt[r]))
-                    tk_ids[r].append(top.indices[r : r + 1].int())
-                    tk_val[r].append(top.values[r : r + 1].half())
-        for r, n in enumerate(lens):
-            t = torch.tensor(toks[r])
-            f = torch.cat(feats[r])[: len(t)]
-            lab = torch.tensor((labels[r] + [-1])[: len(t)])
-            ti, tv = torch.cat(tk_ids[r])[: len(t)], torch.cat(tk_val[r])[: len(t)]
-            if len(f) < len(t):  # the last token was never fed: zero features and logits, label unknown
-                pad = len(t) - len(f)
-                f = torch.cat([f, torch.zeros(pad, f.shape[1], dtype=f.dtype)])
-                ti = torch.cat([ti, torch.zeros(pad, kk, dtype=ti.dtype)])
-                tv = torch.cat([tv, torch.zeros(pad, kk, dtype=tv.dtype)])
-            results.append((t, f, lab, n, ti, tv))
+        full = greedy_tokens(model, chunk, max_new_tokens, stop)
+        for p, seq, (f, am, ti, tv) in zip(
+            chunk, full, teacher_forced(model, full, aux_layers, topk), strict=True
+        ):
+            n0, t = len(p), torch.tensor(seq)
+            lab = am.clone()
+            lab[n0 - 1 : -1] = t[n0:]  # the tokens decoding chose (equal to the argmax up to float ties)
+            lab[-1] = -1
+            f[-1], ti[-1], tv[-1] = 0, 0, 0
+            results.append((t, f, lab, n0, ti, tv))
     return results
 
 
@@ -206,7 +239,7 @@ def build_sequences(
     aux_layers: list[int],
     max_new_tokens: int,
     max_prompt_tokens: int = 1024,
-    batch_size: int = 8,
+    batch_size: int = DATA_CHUNK,
     log: Any = None,
 ) -> list[Sequence]:
     """Render prompts with the target's chat template and decode them greedily, keeping features/labels.

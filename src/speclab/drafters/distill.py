@@ -329,7 +329,7 @@ def train_draft(
             return out
         model, tok, _ = load_target(recipe.target)
         aux = list(recipe.aux_layers or [])
-        train, heldout, data_seconds = load_data(recipe, aux, model, tok, target_dir, root, say)
+        train, heldout, data_info = load_data(recipe, aux, model, tok, target_dir, root, say)
         layers = list(recipe.layers or [])
         student = build_student(model, layers, recipe.train_embedding)
         cost = {
@@ -353,7 +353,7 @@ def train_draft(
                 "recipe": asdict(recipe),
                 "target_dir": str(target_dir),
                 "target_files": target_identity(target_dir),
-                "data": data_stats(train, heldout, data_seconds),
+                "data": data_stats(train, heldout, data_info),
                 "cost": cost,
                 "training": stats,
                 "final": stats["curve"][-1] if stats["curve"] else None,

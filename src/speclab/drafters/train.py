@@ -32,6 +32,7 @@ import torch
 
 from speclab.atomic import atomic_path, exclusive_lock
 from speclab.drafters.data import (
+    DATA_CHUNK,
     DATA_VERSION,
     TOPK,
     Sequence,
@@ -280,68 +281,94 @@ def train_eagle(
         return _train_locked(recipe, model, tok, target_dir, tcfg, aux, root, out, say, max_minutes, t_start)
 
 
+def data_chunks(prompts: list[Any], size: int = DATA_CHUNK) -> list[list[Any]]:
+    """Per workload (in order of first appearance), consecutive runs of `size` prompts in draw order: since a
+    larger draw starts with a smaller one, its first chunks are the smaller draw's and are reused."""
+    by: dict[str, list[Any]] = {}
+    for p in prompts:
+        by.setdefault(p.workload, []).append(p)
+    return [ps[i : i + size] for ps in by.values() for i in range(0, len(ps), size)]
+
+
+def chunk_key(chunk: list[Any], recipe: Any, aux: list[int], target_files: Any) -> str:
+    """Cache key of one data chunk: its prompt ids and everything its sequences depend on."""
+    blob = [
+        DATA_VERSION,
+        TOPK,
+        DATA_CHUNK,
+        [p.id for p in chunk],
+        recipe.max_new_tokens,
+        recipe.max_prompt_tokens,
+        aux,
+        target_files,
+    ]
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def load_data(
     recipe: Any, aux: list[int], model: Any, tok: Any, target_dir: Path, root: Path, say: Any
-) -> tuple[list[Sequence], list[Sequence], float]:
-    """The self-distillation data (training and held-out sequences) every trainer shares: cached as
-    data-<hash>.pt / eval-<hash>.pt, keyed by the data fields of `recipe` (seed, workloads, max_new_tokens,
-    max_prompt_tokens, eval_*), the aux layers and the target's checksums. Refuses overlap of the two."""
+) -> tuple[list[Sequence], list[Sequence], dict[str, Any]]:
+    """The self-distillation data (training and held-out sequences) every trainer shares. Cached per chunk of
+    DATA_CHUNK prompts of one workload (`data-<hash>.pt`, held out: `eval-<hash>.pt`), keyed by the chunk's
+    prompt ids, max_new_tokens, max_prompt_tokens, the aux layers, the data version and the target's
+    checksums: scaling one workload up generates only its new chunks. Refuses overlap of the two sets.
+    Returns (training, held-out, {seconds, prompts generated now, prompts read from the cache})."""
     ident = target_identity(target_dir)
-    data_key = hashlib.sha256(
-        json.dumps(
-            [
-                DATA_VERSION,
-                TOPK,
-                recipe.seed,
-                recipe.workloads,
-                recipe.max_new_tokens,
-                recipe.max_prompt_tokens,
-                aux,
-                ident,
-            ],
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()[:12]
-    eval_key = hashlib.sha256(
-        json.dumps(
-            [
-                DATA_VERSION,
-                TOPK,
-                recipe.eval_workloads,
-                recipe.eval_prompts,
-                recipe.eval_seed,
-                recipe.max_new_tokens,
-                recipe.max_prompt_tokens,
-                aux,
-                ident,
-            ]
-        ).encode()
-    ).hexdigest()[:12]
+    info: dict[str, Any] = {"data_seconds": 0.0, "generated_prompts": 0, "cached_prompts": 0}
 
-    def gen(prompts: list[Any]) -> Any:
-        return lambda: build_sequences(
-            model, tok, prompts, aux, recipe.max_new_tokens, recipe.max_prompt_tokens, batch_size=8, log=say
-        )
+    def cached(prompts: list[Any], kind: str) -> list[Sequence]:
+        chunks = data_chunks(prompts)
+        seqs: list[Sequence] = []
+        for i, chunk in enumerate(chunks):
+            path = root / f"{kind}-{chunk_key(chunk, recipe, aux, ident)}.pt"
+            t = time.perf_counter()
+
+            def build(chunk: list[Any] = chunk) -> list[Sequence]:
+                return build_sequences(
+                    model,
+                    tok,
+                    chunk,
+                    aux,
+                    recipe.max_new_tokens,
+                    recipe.max_prompt_tokens,
+                    batch_size=DATA_CHUNK,
+                )
+
+            fresh = not path.is_file()
+            seqs += cached_sequences(path, build, lambda m: None)
+            info["generated_prompts" if fresh else "cached_prompts"] += len(chunk)
+            state = f"generated in {time.perf_counter() - t:.0f} s" if fresh else "cached"
+            say(
+                f"data: {kind} chunk {i + 1}/{len(chunks)} ({chunk[0].workload}, {len(chunk)} prompts) {state}"
+            )
+        return seqs
 
     t0 = time.perf_counter()
     train_p = training_prompts(recipe.workloads, recipe.seed)
     say(f"data: {len(train_p)} training prompts (bench/demo prompts held out)")
-    train = cached_sequences(root / f"data-{data_key}.pt", gen(train_p), say)
     held_p = eval_prompts(recipe.eval_workloads, recipe.eval_prompts, recipe.eval_seed)
-    overlap = {p.id for p in held_p} & {s.prompt_id for s in train}
+    overlap = {p.id for p in held_p} & {p.id for p in train_p}
     if overlap:
         raise SpeclabError(f"drafters: {len(overlap)} evaluation prompts are in the training data")
-    heldout = cached_sequences(root / f"eval-{eval_key}.pt", gen(held_p), say)
-    return train, heldout, time.perf_counter() - t0
+    train = cached(train_p, "data")
+    heldout = cached(held_p, "eval")
+    info["data_seconds"] = round(time.perf_counter() - t0, 1)
+    return train, heldout, info
 
 
-def data_stats(train: list[Sequence], heldout: list[Sequence], seconds: float) -> dict[str, Any]:
+def data_stats(train: list[Sequence], heldout: list[Sequence], info: dict[str, Any]) -> dict[str, Any]:
+    """Data statistics for a manifest. data_seconds is this run's data stage: generating the chunks it did
+    not find cached plus loading the rest (generated_prompts / cached_prompts say how many of each)."""
+    by: dict[str, int] = {}
+    for s in train:
+        by[s.workload] = by.get(s.workload, 0) + 1
     return {
         "train_prompts": len(train),
+        "train_prompts_by_workload": by,
         "train_tokens": sum(len(s.tokens) for s in train),
         "generated_tokens": sum(len(s.tokens) - s.out_start for s in train),
         "heldout_prompts": len(heldout),
-        "data_seconds": round(seconds, 1),
+        **info,
     }
 
 
@@ -367,7 +394,7 @@ def _train_locked(
     max_minutes: float | None,
     t_start: float,
 ) -> Path:
-    train, heldout, data_seconds = load_data(recipe, aux, model, tok, target_dir, root, say)
+    train, heldout, data_info = load_data(recipe, aux, model, tok, target_dir, root, say)
 
     d2t, t2d = pick_draft_vocab(train, recipe.draft_vocab, int(tcfg["vocab_size"]))
     cfg = head_config(tcfg, aux, len(d2t))
@@ -392,7 +419,7 @@ def _train_locked(
             "target_dir": str(target_dir),
             "target_files": target_identity(target_dir),
             "data": {
-                **data_stats(train, heldout, data_seconds),
+                **data_stats(train, heldout, data_info),
                 "draft_vocab_coverage_heldout": round(coverage, 4),
             },
             "training": stats,
