@@ -6,7 +6,8 @@
 Per set and batch size (continuous batching, steady state, speclab's rules): no SD, the best static
 (method, k) at that batch size, each single-method oracle, oracle combine, vLLM's batch-size schedule
 derived from the same set (schedule:..., the engine's own baseline), and the online policies. The learned
-predictor is trained on every OTHER set (leave one set out), so its figures are held out. Writes
+predictor and adaptive-survival's prior are trained on every OTHER set (leave one set out), so their figures
+are held out. Writes
 DIR/adaptive_eval.json (rows + per-set summary), DIR/adaptive_eval.csv, DIR/adaptive_eval.md (the
 tables) and DIR/adaptive_eval.png (speedup against batch size, one panel per set)."""
 
@@ -16,6 +17,8 @@ import argparse
 import csv
 import io
 import json
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +32,11 @@ from speclab.simulate.adaptive.schedule import (
     schedule_support,
     vllm_config,
 )
+from speclab.simulate.adaptive.survival import prior_trained_on
 from speclab.simulate.api import simulate
 from speclab.traces.model import RequestTrace
 
-ONLINE = ["adaptive", "adaptive-learned", "adaptive-bandit"]
+ONLINE = ["adaptive", "adaptive-learned", "adaptive-survival", "adaptive-bandit"]
 FIELDS = ["set", "batch_size", "policy", "role", "speedup", "throughput_tok_s"]
 KMAX_STATIC = 8
 
@@ -76,7 +80,7 @@ def evaluate_set(
             sched[m] = schedule_spec(m, schedule_from_grid(grid)[0])
         else:
             sched[m] = f"fixed:{m}:{fixed_from_grid(grid)[0]}"
-    with trained_on(others) if others else _null():
+    with held_out(others):
         res2 = simulate(traces, cm, list(sched.values()) + ONLINE, "continuous", sizes)
     for r in res2:
         rows.append(_row(name, r, "online" if r.policy.split(":")[0] in ONLINE else "vllm schedule"))
@@ -103,12 +107,15 @@ def evaluate_set(
     return rows, summary
 
 
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: object) -> None:
-        return None
+@contextmanager
+def held_out(others: list[RequestTrace]) -> Iterator[None]:
+    """The trained parts of the online policies (adaptive-learned's model, adaptive-survival's prior) fitted
+    on `others` (every set but the evaluated one) within the block; their defaults without others."""
+    with ExitStack() as st:
+        if others:
+            st.enter_context(trained_on(others))
+            st.enter_context(prior_trained_on(others))
+        yield
 
 
 def _row(name: str, r: Any, role: str) -> dict[str, Any]:
