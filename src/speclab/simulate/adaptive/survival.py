@@ -1,24 +1,28 @@
-"""`adaptive-survival`: the rule's goodput choice (goodput.batch_choice) fed with non-parametric, position-aware
-acceptance estimates instead of geometric ones.
+"""`adaptive-survival`: the rule's goodput choice (goodput.batch_choice) with non-parametric, position-aware
+acceptance estimates and a one-step lookahead.
 
 - Model-free proposer (a probe): its survival S(j) = P(at least j drafts accepted) is estimated from this
-  request's own hindsight (StepView.hindsight: at each of the last positions q the lookup's match length,
-  censored at the tokens known since q) by Kaplan-Meier, *conditioned on the state the lookup was in* at q:
-  how far the lookup at q-1 and q-2 had matched (no copy in progress / a run of 1 / a run of 2 or more; read
-  from the same hindsight) and, where the traces record offers, whether it offered drafts at q. So the
-  estimate at the current position uses only past positions that were in the same state, and keeps the
-  shape the data has: a lookup outside a copy that is mostly short but sometimes starts a long copy gets a
-  heavy tail (the rule's geometric law gives it a thin one), and inside a copy the remaining length of the
-  copies seen so far. Censoring: a position q contributes to depth j only if j <= pos - q and j <= k_max.
-- Model-based drafter (runs only when chosen): per-depth acceptance of this request's own steps (a draft at
-  depth j is at risk if the j - 1 before it were accepted), discounted per step, shrunk to the request's
-  overall rate (itself shrunk to the rule's prior): S(j) = prod_{i <= j} p_i. A drafter whose acceptance
-  falls with depth (MTP reusing one head) is priced so; a geometric one comes out as before.
+  request's own hindsight (StepView.hindsight: at each of the last WINDOW positions q the lookup's match
+  length, censored at the tokens known since q) by Kaplan-Meier, *conditioned on the state the lookup was
+  in* at q: whether the lookups at q - 1 and q - 2 had matched through q (no copy in progress / a run of 1 /
+  a run of 2 or more, read from the same hindsight) and, where the traces record offers, whether it offered
+  drafts at q. The estimate keeps the shape the data has: outside a copy a lookup that mostly misses but
+  sometimes starts a long copy gets a heavy tail (the rule's geometric law gives it a thin one); inside a
+  copy, the remaining length of the copies seen. Each depth's hazard is shrunk to the prior's.
+- Model-based drafter (runs only when chosen): per-depth acceptance of the request's own steps (a draft at
+  depth j is at risk if the j - 1 before it were accepted), discounted per step, shrunk to the prior's
+  depth profile scaled to the request's overall rate: S(j) = prod_{i <= j} p_i. A drafter whose acceptance
+  falls (or rises) with depth is priced so; a geometric one comes out geometric.
+- Lookahead (batch_choice(lookahead=True)): a copy the probes see is not lost when the step goes to another
+  method: the next position's hindsight shows it and a later step takes the rest. Each choice is credited
+  with the copy it leaves in progress, valued as that later step. Without this, the heavy tail above made
+  the lookup win myopically at positions where a copy only rarely starts (measured: worse than the rule).
 
-The per-state prior (pseudo-counts, PRIOR_WEIGHT positions per state) is a survival curve fitted the same
-way on OTHER traces: by default speclab's synthetic shapes (synth.SHAPES, made up); the evaluation fits it
-on every set but the one evaluated (`prior_trained_on`, leave one set out). Nothing at or after the current
-position is read: the same tests as the other adaptive policies (tests/test_simulate_adaptive.py)."""
+Priors: hazards per state (lookup) or per depth (drafter), fitted the same way on OTHER traces: by default
+speclab's synthetic shapes (synth.SHAPES, made up); the evaluation fits them on every set but the one
+evaluated (`prior_trained_on`, leave one set out). Nothing at or after the current position is read: the
+same tests as the other adaptive policies (tests/test_simulate_adaptive.py), plus
+tests/test_adaptive_survival.py."""
 
 from __future__ import annotations
 
@@ -209,7 +213,10 @@ class AdaptiveSurvival(AdaptiveBase):
         self.priors = [prior_for(prior, m) for m in self.methods]
         # model-based: the prior's per-depth hazards and its overall rate; discounted trials and successes
         # per depth of the request's own steps
-        self.h0 = [_pad(h, km) if h.ndim == 1 else None for h, km in zip(self.priors, self.kmax, strict=True)]
+        self.h0 = [
+            None if m in self.probes else _pad(h if h.ndim == 1 else np.full(PRIOR_DEPTH, MB_PRIOR), km)
+            for m, h, km in zip(self.methods, self.priors, self.kmax, strict=True)
+        ]  # a model-free method the cost model cannot charge as a probe runs only when chosen, like a drafter
         self.dn = [np.zeros((n, km)) for km in self.kmax]
         self.ds = [np.zeros((n, km)) for km in self.kmax]
 
