@@ -95,16 +95,17 @@ def _smooth(risk: np.ndarray, surv: np.ndarray) -> np.ndarray:
 
 
 def train_prior(traces: list[RequestTrace]) -> dict[str, np.ndarray]:
-    """Per method all `traces` hold, hazards fitted by Kaplan-Meier over every position (uncensored but for
+    """Per method any of `traces` holds (over the traces that hold it), hazards fitted by Kaplan-Meier over every position (uncensored but for
     the traces' k_max): a lookup method (model-free) per state, (NSTATES, PRIOR_DEPTH), the state read
     exactly as a policy reads it; a model-based one per depth, (PRIOR_DEPTH,). Traces with and without
     recorded offers are counted apart (the offered states come from the former only) and added up."""
     out: dict[str, np.ndarray] = {}
-    for method in sorted(set.intersection(*(set(t.methods) for t in traces))):
+    for method in sorted(set().union(*(set(t.methods) for t in traces))):
         shape = (NSTATES, PRIOR_DEPTH) if method in MODEL_FREE else (PRIOR_DEPTH,)
         risk, surv = np.zeros(shape), np.zeros(shape)
+        held = [t for t in traces if method in t.methods]
         for offered in (True, False):
-            part = [t for t in traces if (t.methods[method].num_proposed is not None) == offered]
+            part = [t for t in held if (t.methods[method].num_proposed is not None) == offered]
             if part:
                 r, v = _prior_counts(part, method)
                 risk, surv = risk + r, surv + v
