@@ -15,7 +15,8 @@ from speclab.simulate.adaptive.synth import make_set
 from speclab.simulate.coupled import run_steps_coupled
 from speclab.traces import MethodTrace, RequestTrace
 
-ONLINE = ["adaptive", "adaptive-bandit", "adaptive-learned", "adaptive:eagle:6", "schedule:ngram:1=4,3=2,6=0"]
+ONLINE = ["adaptive", "adaptive-bandit", "adaptive-learned", "adaptive-survival", "adaptive:eagle:6",
+          "adaptive-survival:ngram:5", "schedule:ngram:1=4,3=2,6=0"]  # fmt: skip
 
 
 def random_traces(seed: int, n: int, nprop: bool) -> list[RequestTrace]:
@@ -110,7 +111,7 @@ def test_decisions_do_not_depend_on_future_positions(spec, cut):
 
 def test_registered_and_bare_uses_every_method():
     names = [p.name for p in list_policies()]
-    for n in ("adaptive", "adaptive-bandit", "adaptive-learned", "schedule"):
+    for n in ("adaptive", "adaptive-bandit", "adaptive-learned", "adaptive-survival", "schedule"):
         assert n in names
     tr = random_traces(1, 6, False)
     res = simulate(tr, "llama3.1-8b-h100-chained", ["adaptive"], "continuous", [1])
@@ -130,7 +131,7 @@ def nothing_accepted(n: int = 30) -> list[RequestTrace]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("spec", ["adaptive", "adaptive-learned"])
+@pytest.mark.parametrize("spec", ["adaptive", "adaptive-learned", "adaptive-survival"])
 def test_switches_itself_off_where_nothing_is_accepted(spec):
     res = simulate(nothing_accepted(), "llama3.1-8b-h100-chained", [spec], "continuous", [1, 16, 128])
     for r in res:

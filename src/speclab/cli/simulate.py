@@ -407,13 +407,32 @@ def _recommend(traces: list, cost_model: str, sizes: list[int], kmax: int, as_js
     if as_json:
         click.echo(json.dumps(rec, indent=2))
         return
-    click.echo(f"recommended: {rec['method']} with vLLM's batch-size schedule ({rec['policy']})")
+    what = "vLLM's batch-size schedule" if rec["kind"] == "schedule" else "one fixed k"
+    click.echo(f"recommended: {rec['method']} with {what} ({rec['policy']})")
     click.echo("simulated speedup (continuous batching, steady state): " + ", ".join(
         f"B={b} {v:.2f}x" for b, v in rec["speedup"].items()))  # fmt: skip
+    if rec["note"]:
+        click.echo(f"  note: {rec['note']}")
     for m, o in rec["others"].items():
         if m != rec["method"]:
             click.echo(f"  other: {o['policy']} (mean speedup {o['mean_speedup']:.2f}x)")
-    click.echo("speculative config (vLLM >= 0.32; k = 0 switches SD off at that batch size):")
+            if o["note"]:
+                click.echo(f"    note: {o['note']}")
+    if rec["not_costed"]:
+        click.echo(
+            f"  skipped (the cost model has no drafting cost for them): {', '.join(rec['not_costed'])}"
+        )
+    installed = rec["vllm"] or "not installed here"
+    click.echo(
+        f"only what vLLM {rec['vllm_checked']} can run is offered (schedules for ngram, eagle, eagle3, mtp, "
+        f"draft_model; one fixed k for suffix and custom_class); installed vLLM: {installed}"
+    )
+    if rec["vllm"] and not rec["vllm"].startswith(rec["vllm_checked"] + "."):
+        click.echo(f"  warning: which proposers follow a schedule was checked in vLLM {rec['vllm_checked']}'s "
+                   f"source only; check yours ({rec['vllm']})")  # fmt: skip
+    click.echo("speculative config (k = 0 switches SD off at that batch size):")
     click.echo(json.dumps(rec["speculative_config"]))
-    if rec["method"] not in ("ngram", "suffix"):
+    if rec["method"].startswith("custom:"):
+        click.echo('(add "model": the proposer\'s class path, package.module.ClassName)')
+    elif rec["method"] not in ("ngram", "suffix"):
         click.echo(f'(add the drafter: "model": the {rec["method"]} model path, as in your current config)')

@@ -9,6 +9,7 @@ from speclab.simulate.adaptive.base import AdaptiveBase, bind_methods, parse_met
 from speclab.simulate.adaptive.learned import AdaptiveLearned
 from speclab.simulate.adaptive.rule import AdaptiveRule
 from speclab.simulate.adaptive.schedule import BatchSchedule, derive_schedule, recommend
+from speclab.simulate.adaptive.survival import AdaptiveSurvival
 from speclab.simulate.policies import Policy, register_policy
 
 
@@ -47,12 +48,21 @@ register_policy(
     "trained on other workloads' traces (default: speclab's synthetic shapes)",
     _factory(AdaptiveLearned, "adaptive-learned"),
 )
+register_policy(
+    "adaptive-survival",
+    SYNTAX.format("adaptive-survival"),
+    "online, non-parametric: as adaptive, with Kaplan-Meier survival of the model-free proposer from its "
+    "hindsight in the same lookup state (copy or not, offered or not) and per-depth acceptance of the "
+    "model-based one; prior fitted on other traces (default: speclab's synthetic shapes)",
+    _factory(AdaptiveSurvival, "adaptive-survival"),
+)
 
 __all__ = [
     "AdaptiveLearned",
     "AdaptiveBandit",
     "AdaptiveBase",
     "AdaptiveRule",
+    "AdaptiveSurvival",
     "BatchSchedule",
     "bind_methods",
     "derive_schedule",

@@ -6,7 +6,8 @@
 Per set and batch size (continuous batching, steady state, speclab's rules): no SD, the best static
 (method, k) at that batch size, each single-method oracle, oracle combine, vLLM's batch-size schedule
 derived from the same set (schedule:..., the engine's own baseline), and the online policies. The learned
-predictor is trained on every OTHER set (leave one set out), so its figures are held out. Writes
+predictor and adaptive-survival's prior are trained on every OTHER set (leave one set out), so their figures
+are held out. Writes
 DIR/adaptive_eval.json (rows + per-set summary), DIR/adaptive_eval.csv, DIR/adaptive_eval.md (the
 tables) and DIR/adaptive_eval.png (speedup against batch size, one panel per set)."""
 
@@ -16,16 +17,26 @@ import argparse
 import csv
 import io
 import json
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from speclab.atomic import atomic_path, atomic_write_text
 from speclab.simulate.adaptive.learned import trained_on
-from speclab.simulate.adaptive.schedule import schedule_spec, vllm_config
+from speclab.simulate.adaptive.schedule import (
+    fixed_config,
+    fixed_from_grid,
+    schedule_from_grid,
+    schedule_spec,
+    schedule_support,
+    vllm_config,
+)
+from speclab.simulate.adaptive.survival import prior_trained_on
 from speclab.simulate.api import simulate
 from speclab.traces.model import RequestTrace
 
-ONLINE = ["adaptive", "adaptive-learned", "adaptive-bandit"]
+ONLINE = ["adaptive", "adaptive-learned", "adaptive-survival", "adaptive-bandit"]
 FIELDS = ["set", "batch_size", "policy", "role", "speedup", "throughput_tok_s"]
 KMAX_STATIC = 8
 
@@ -57,22 +68,22 @@ def evaluate_set(
     for b, (pol, sp) in best_static.items():
         rows.append({"set": name, "batch_size": b, "policy": pol, "role": "best static", "speedup": sp,
                      "throughput_tok_s": None})  # fmt: skip
-    # vLLM's schedule for each method, from the static grid (k = 0 where none beats no SD)
+    # vLLM's schedule for each method, from the static grid (k = 0 where none beats no SD); one fixed k
+    # (the best mean) for a method whose vLLM 0.32 proposer cannot follow a schedule (schedule_support)
     sched = {}
     for m in methods:
-        pts: list[tuple[int, int]] = []
-        for b in sorted(sizes):
-            cand = [(r.speedup, int(r.policy.rsplit(":", 1)[1])) for r in res
-                    if r.batch_size == b and r.policy.startswith(f"fixed:{m}:")]  # fmt: skip
-            sp, k = max(cand)
-            k = k if sp > 1.0 else 0
-            if not pts or pts[-1][1] != k:
-                pts.append((1 if not pts else b, k))
-        sched[m] = schedule_spec(m, pts)
-    with trained_on(others) if others else _null():
+        grid: dict[int, dict[int, float]] = {b: {} for b in sizes}
+        for r in res:
+            if r.policy.startswith(f"fixed:{m}:"):
+                grid[r.batch_size][int(r.policy.rsplit(":", 1)[1])] = r.speedup
+        if schedule_support(m)[0]:
+            sched[m] = schedule_spec(m, schedule_from_grid(grid)[0])
+        else:
+            sched[m] = f"fixed:{m}:{fixed_from_grid(grid)[0]}"
+    with held_out(others):
         res2 = simulate(traces, cm, list(sched.values()) + ONLINE, "continuous", sizes)
     for r in res2:
-        rows.append(_row(name, r, "vllm schedule" if r.policy.startswith("schedule:") else "online"))
+        rows.append(_row(name, r, "online" if r.policy.split(":")[0] in ONLINE else "vllm schedule"))
     b0 = min(sizes)
     comb = [x["speedup"] for x in rows if x["batch_size"] == b0 and x["policy"].startswith("oracle-combine")]
     summary: dict[str, Any] = {"set": name, "requests": len(traces), "methods": methods,
@@ -86,18 +97,25 @@ def evaluate_set(
         }
     best_sched = max(sched.values(), key=lambda s: sum(x["speedup"] for x in rows if x["policy"] == s))
     summary["vllm_schedule"] = best_sched
-    m, pts_s = best_sched.split(":")[1], best_sched.split(":", 2)[2]
-    pts = [tuple(int(v) for v in e.split("=")) for e in pts_s.split(",")]
-    summary["vllm_config"] = vllm_config(m, pts, max(sizes))  # type: ignore[arg-type]
+    if best_sched.startswith("fixed:"):
+        m, k = best_sched.removeprefix("fixed:").rsplit(":", 1)
+        summary["vllm_config"] = fixed_config(m, int(k))
+    else:
+        m, rest = best_sched.removeprefix("schedule:").rsplit(":", 1)
+        pts = [tuple(int(v) for v in e.split("=")) for e in rest.split(",")]
+        summary["vllm_config"] = vllm_config(m, pts, max(sizes))  # type: ignore[arg-type]
     return rows, summary
 
 
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: object) -> None:
-        return None
+@contextmanager
+def held_out(others: list[RequestTrace]) -> Iterator[None]:
+    """The trained parts of the online policies (adaptive-learned's model, adaptive-survival's prior) fitted
+    on `others` (every set but the evaluated one) within the block; their defaults without others."""
+    with ExitStack() as st:
+        if others:
+            st.enter_context(trained_on(others))
+            st.enter_context(prior_trained_on(others))
+        yield
 
 
 def _row(name: str, r: Any, role: str) -> dict[str, Any]:

