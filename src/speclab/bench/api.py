@@ -131,8 +131,8 @@ def run_bench(
     from speclab.bench.cells import expand_cells
     from speclab.bench.results import ResultsStore
 
-    # the memory check is for engines on this machine (under Ray they run on the cluster's nodes)
-    provider = prompt_provider or default_prompt_provider(spec, echo=echo if ray_address is None else None)
+    # (`speclab bench` builds its provider with the memory check of the engines kept on this machine)
+    provider = prompt_provider or default_prompt_provider(spec)
     # render every workload that still has cells to run up front: a bad prompt fails here, not after an
     # engine has started
     import fnmatch
