@@ -4,9 +4,31 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
+
+# options both trainers take (the data stage is shared)
+_WORKLOAD_PROMPTS = click.option(
+    "--workload-prompts",
+    "workload_prompts",
+    multiple=True,
+    metavar="WORKLOAD=N",
+    help="Training prompts of one workload, e.g. offline-chat=256 (after --prompts-scale; repeatable; "
+    "N = 0 drops it). Scales one workload alone: the others' cached data is reused.",
+)
+
+
+def _prompts_scale(what: str) -> Callable[[Any], Any]:
+    return click.option(
+        "--prompts-scale",
+        type=float,
+        default=1.0,
+        show_default=True,
+        help=f"Multiply the number of training prompts per workload (a longer budget for a better {what}).",
+    )
 
 
 @click.group(name="drafters")
@@ -27,21 +49,8 @@ def train_group() -> None:
 @click.option("--epochs", type=int, default=None, help="Training epochs (default: the recipe's).")
 @click.option("--draft-vocab", type=int, default=None, help="Draft vocabulary size (default 8192).")
 @click.option("--k", "k", type=int, default=None, help="Chained draft steps trained for (default 3).")
-@click.option(
-    "--prompts-scale",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Multiply the number of training prompts per workload (a longer budget for a better head).",
-)
-@click.option(
-    "--workload-prompts",
-    "workload_prompts",
-    multiple=True,
-    metavar="WORKLOAD=N",
-    help="Training prompts of one workload, e.g. offline-chat=256 (after --prompts-scale; repeatable; "
-    "N = 0 drops it). Scales one workload alone: the others' cached data is reused.",
-)
+@_prompts_scale("head")
+@_WORKLOAD_PROMPTS
 @click.option(
     "--max-new-tokens", type=int, default=None, help="Greedy tokens per training prompt (default 64)."
 )
@@ -108,21 +117,8 @@ def train_eagle_cmd(
     help="Target layers the student starts from, comma-separated (instead of the first --depth).",
 )
 @click.option("--epochs", type=int, default=None, help="Training epochs (default: the recipe's).")
-@click.option(
-    "--prompts-scale",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Multiply the number of training prompts per workload (a longer budget for a better draft).",
-)
-@click.option(
-    "--workload-prompts",
-    "workload_prompts",
-    multiple=True,
-    metavar="WORKLOAD=N",
-    help="Training prompts of one workload, e.g. offline-chat=256 (after --prompts-scale; repeatable; "
-    "N = 0 drops it). Scales one workload alone: the others' cached data is reused.",
-)
+@_prompts_scale("draft")
+@_WORKLOAD_PROMPTS
 @click.option(
     "--max-new-tokens", type=int, default=None, help="Greedy tokens per training prompt (default 64)."
 )
