@@ -16,12 +16,31 @@ only in floating-point summation order, so an argmax can flip only on a near-exa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from speclab.errors import ConfigError
+
+
+def chunked_forward(
+    model: Any, x: np.ndarray, chunk: int, take: Callable[[Any], Any], **kwargs: Any
+) -> list[Any]:
+    """One sequence through a transformers model with teacher forcing, `chunk` tokens per call over one reused
+    KV cache; `take` keeps what is needed of each call's output (so full outputs are not all held at once)."""
+    import torch
+    from transformers import DynamicCache
+
+    ids = torch.as_tensor(np.asarray(x, dtype=np.int64))[None, :]
+    cache = DynamicCache()
+    parts = []
+    with torch.inference_mode():
+        for s in range(0, ids.shape[1], chunk):
+            out = model(input_ids=ids[:, s : s + chunk], past_key_values=cache, use_cache=True, **kwargs)
+            parts.append(take(out))
+    return parts
 
 
 def runs_of_hits(hit: np.ndarray) -> np.ndarray:
@@ -92,18 +111,7 @@ class DraftModelProposer:
     # --- replay -----------------------------------------------------------------------------------
     def greedy_next(self, x: np.ndarray) -> np.ndarray:
         """g[t] = argmax of the draft's next-token logits after x[:t+1], for every t (teacher forcing)."""
-        torch = self.torch
-        from transformers import DynamicCache
-
-        ids = torch.as_tensor(np.asarray(x, dtype=np.int64))[None, :]
-        cache = DynamicCache()
-        parts = []
-        with torch.inference_mode():
-            for s in range(0, ids.shape[1], self.chunk):
-                logits = self.model(
-                    input_ids=ids[:, s : s + self.chunk], past_key_values=cache, use_cache=True
-                ).logits
-                parts.append(logits[0].argmax(-1).numpy())
+        parts = chunked_forward(self.model, x, self.chunk, lambda out: out.logits[0].argmax(-1).numpy())
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
     def replay(

@@ -110,21 +110,14 @@ class Eagle3Proposer:
         """The target's aux features at every position of x: [len(x), A*H] float32 (teacher forcing,
         chunked over a reused KV cache)."""
         torch = self.torch
-        from transformers import DynamicCache
+        from speclab.methods.draft_model import chunked_forward
 
-        ids = torch.as_tensor(np.asarray(x, dtype=np.int64))[None, :]
-        cache = DynamicCache()
-        parts = []
-        with torch.inference_mode():
-            for s in range(0, ids.shape[1], self.chunk):
-                out = self.target.base_model(
-                    input_ids=ids[:, s : s + self.chunk],
-                    past_key_values=cache,
-                    use_cache=True,
-                    output_hidden_states=True,
-                )
-                parts.append(torch.cat([out.hidden_states[a][0] for a in self.aux], -1).float())
-        return torch.cat(parts)
+        def aux(out: Any) -> Any:
+            return torch.cat([out.hidden_states[a][0] for a in self.aux], -1).float()
+
+        return torch.cat(
+            chunked_forward(self.target.base_model, x, self.chunk, aux, output_hidden_states=True)
+        )
 
     # --- live -------------------------------------------------------------------------------------
     def propose(self, context_ids: np.ndarray, k: int) -> np.ndarray:
