@@ -115,7 +115,7 @@ def test_incremental_ngram_equals_speclab_ngram(seed: int) -> None:
         inc.extend(x[t : t + step].tolist())
         t = min(t + step, len(x))
         for k in (1, 5):
-            assert inc.propose(k).tolist() == ref.propose(x[:t], k).tolist(), (t, k)
+            assert inc.propose(k) == ref.propose(x[:t], k).tolist(), (t, k)
 
 
 def test_hindsight_bookkeeping_matches_replay() -> None:
@@ -283,3 +283,27 @@ def test_sweep_preset_parses() -> None:
     assert {"none", "ngram-k3", "ngram-k5", "suffix-k8", "adaptive"} <= labels
     assert any(lb.startswith("schedule") for lb in labels)
     assert sw.repeats == 3 and sw.dtype == "float32" and sw.batch_sizes == [1, 4, 16]
+
+
+def test_piecewise_cost_prices_drafts_by_the_batch() -> None:
+    """With a weights-bound target (a forward costs the same up to 8 tokens, 2 ms per token above: the CPU
+    preset's shape), the policy's price of a draft token is the slope where the batch is: at batch 1 drafts
+    are nearly free, so uncertain ones are tried; at batch 32 the same requests draft less. A linear model
+    with the compute slope everywhere tries fewer at batch 1."""
+    from speclab.costmodel.forms import PiecewiseTargetCost
+
+    def model(target: TargetCost) -> CostModel:
+        probe = DraftCost("verify_fraction", fraction=0.001)
+        return CostModel("t", target, {"ngram": probe, "suffix": probe}, overhead_per_step=2e-3)
+
+    pw = model(PiecewiseTargetCost(kv=1e-7, batched=0.0, const=0.03, knee=8.0, batched_hi=2e-3))
+    lin = model(TargetCost(kv=1e-7, batched=2e-3, const=0.03))
+    reqs = [copy_request(s, 80) for s in range(4)] + [rejecting_request(s, 80) for s in range(4)]
+
+    def drafted(cm: CostModel, batch: int, copies: int) -> float:
+        d = AdaptiveDriver(kmax=8, max_model_len=MAX_LEN, methods=("ngram", "suffix"), cost_model=cm)
+        log = play(d, reqs * copies, batch=batch)
+        return sum(dr for lg in log.values() for dr, _ in lg) / (len(reqs) * copies)
+
+    pw1, pw32, lin1 = drafted(pw, 1, 1), drafted(pw, 32, 4), drafted(lin, 1, 1)
+    assert pw1 > lin1 and pw1 > pw32, (pw1, lin1, pw32)

@@ -168,3 +168,44 @@ def test_piecewise_sampled_term_recovered_and_loaded(tmp_path: Path) -> None:
     assert get_cost_model(str(p)).target == fit
     p.write_text(CostModel(name="o", target=replace(fit, sampled=0.0), overhead_per_step=0.0).to_toml())
     assert "sampled" not in p.read_text() and get_cost_model(str(p)).target.sampled == 0.0
+
+
+def test_fit_cli_piecewise_target_on_decode_rows(tmp_path: Path) -> None:
+    """`speclab cost-models fit --target-form piecewise`: the knee and both slopes recovered from decode and
+    verify rows generated with them, prefill rows (batched > requests + drafts) left out of the fit even
+    though they follow another law; lookups' verify fraction taken against the piecewise verify time."""
+    from click.testing import CliRunner
+
+    from speclab.cli.cost_models import command
+
+    true = PiecewiseTargetCost(kv=2e-6, batched=1e-4, const=0.03, knee=8.0, batched_hi=2e-3)
+    rng = np.random.default_rng(11)
+    rows = []
+    for _ in range(600):
+        nr = int(rng.choice([1, 2, 4, 8, 16]))
+        ns = int(rng.integers(0, 8)) * nr
+        kv = float(rng.integers(100, 5000))
+        sec = float(true.time(kv, nr + ns)) * (1 + 0.01 * rng.standard_normal())
+        rows.append(("target", kv, nr + ns, ns, nr, sec))
+        rows.append(("overhead", kv, nr + ns, ns, nr, 2e-3 + 1e-4 * ns))
+        if ns:
+            rows.append(("draft:ngram", kv, nr + ns, ns, nr, 0.01 * sec))
+    for _ in range(40):  # prefills: quadratic in the prompt, not the decode law
+        bt = float(rng.integers(100, 600))
+        rows.append(("target", 0.0, bt, 0, 1, 1e-6 * bt * bt))
+    csv = tmp_path / "t.csv"
+    append_timings(csv, rows)
+    out = tmp_path / "pw.toml"
+    args = ["fit", str(csv), "--out", str(out), "--target-form", "piecewise", "--overhead-form", "linear"]
+    res = CliRunner().invoke(command, args)
+    assert res.exit_code == 0, res.output
+    m = get_cost_model(str(out))
+    assert isinstance(m.target, PiecewiseTargetCost) and m.target.knee == 8.0
+    assert m.target.batched_hi == pytest.approx(2e-3, rel=0.05)
+    assert m.target.const == pytest.approx(0.03, rel=0.05)
+    assert m.draft["ngram"].fraction == pytest.approx(0.01, rel=0.05)
+    assert m.overhead_per_spec_token == pytest.approx(1e-4, rel=1e-3)
+    lin, _ = fit_cost_model_report(csv)  # the linear form on the same rows is pulled by the prefills
+    assert abs(lin.target.batched - 2e-3) > 0.2 * 2e-3
+    with pytest.raises(ConfigError, match="target form"):
+        fit_cost_model_report(csv, target_form="cubic")

@@ -51,12 +51,24 @@ def show_cmd(name: str) -> None:
     show_default=True,
     help="Overhead per step: the mean, or linear in scheduled requests and verified draft tokens.",
 )
-def fit_cmd(timings: str, out: str, name: str | None, draft_form: str, overhead_form: str) -> None:
+@click.option(
+    "--target-form",
+    type=click.Choice(["linear", "piecewise"]),
+    default="linear",
+    show_default=True,
+    help="Target forward: the study's linear form (every row), or piecewise with one knee "
+    "(weights-bound below, compute-bound above; fitted on decode/verify rows).",
+)
+def fit_cmd(
+    timings: str, out: str, name: str | None, draft_form: str, overhead_form: str, target_form: str
+) -> None:
     """Fit the study's cost-model form to TIMINGS.csv by least squares."""
     from speclab.atomic import atomic_write_text
     from speclab.costmodel.fit import fit_cost_model_report
 
-    model, rep = fit_cost_model_report(timings, name=name, draft_form=draft_form, overhead_form=overhead_form)
+    model, rep = fit_cost_model_report(
+        timings, name=name, draft_form=draft_form, overhead_form=overhead_form, target_form=target_form
+    )
     header = "# fitted by `speclab cost-models fit`; rows and R^2 per kind:\n" + "".join(
         f"#   {k}: {rep.rows.get(k, 0)} rows" + (f", R^2 {rep.r2[k]:.4f}" if k in rep.r2 else "") + "\n"
         for k in sorted(rep.rows)

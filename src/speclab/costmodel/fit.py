@@ -10,11 +10,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from speclab.costmodel.forms import PiecewiseTargetCost
 from speclab.costmodel.model import _DRAFT_KEYS as DRAFT_KEYS
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
 from speclab.methods.catalog import MODEL_FREE
 from speclab.timings import read_timings
+
+KNEES = (2, 4, 8, 16, 32, 64, 128, 256)  # knees the piecewise target form is fitted at (the best kept)
+TARGET_FORMS = ("linear", "piecewise")
 
 
 @dataclass
@@ -91,6 +95,34 @@ def fit_overhead_linear(rows: np.ndarray) -> tuple[float, float, float]:
     return float(c[0]), float(c[1]), float(c[2])
 
 
+def fit_piecewise(
+    kv: np.ndarray, bt: np.ndarray, sec: np.ndarray, sampled: np.ndarray | None = None
+) -> PiecewiseTargetCost:
+    """Least squares for every knee in KNEES. Without `sampled`: on relative error (each row weighted 1 /
+    seconds). With `sampled` (the rows' sampled positions, num_requests + num_spec_tokens): the form's
+    per-sampled-position term too, on absolute error, i.e. weighted by time, which is what a cell's summed
+    time (and so a throughput) depends on; the many short decode rows would otherwise outweigh the verify
+    rows that carry that term."""
+    w = 1.0 / np.maximum(sec, 1e-9) if sampled is None else np.ones_like(sec)
+    best: tuple[float, PiecewiseTargetCost] | None = None
+    for knee in KNEES:
+        cols = [kv, np.minimum(bt, knee), np.maximum(bt - knee, 0.0), np.ones_like(kv)]
+        x = np.column_stack(cols if sampled is None else [*cols, sampled])
+        if len(sec) < x.shape[1]:
+            continue
+        c = nonneg_lstsq(x * w[:, None], sec * w)  # a negative time per token is not a cost model
+        sse = float((((x @ c) - sec) * w) ** 2 @ np.ones_like(sec))
+        cand = PiecewiseTargetCost(
+            kv=float(c[0]), batched=float(c[1]), const=float(c[3]), knee=float(knee), batched_hi=float(c[2]),
+            sampled=float(c[4]) if sampled is not None else 0.0,
+        )  # fmt: skip
+        if best is None or sse < best[0]:
+            best = (sse, cand)
+    if best is None:
+        raise ConfigError(f"timings: {len(sec)} target row(s), too few to fit the piecewise form")
+    return best[1]
+
+
 def fit_cost_model(
     csv_path: str | os.PathLike[str], name: str | None = None, draft_form: str = "linear"
 ) -> CostModel:
@@ -104,9 +136,15 @@ def fit_cost_model_report(
     name: str | None = None,
     draft_form: str = "linear",
     overhead_form: str = "mean",
+    target_form: str = "linear",
 ) -> tuple[CostModel, FitReport]:
     """As fit_cost_model; overhead_form "mean" (the study's constant per step) or "linear" (a constant plus a
-    share per scheduled request and per verified draft token, fit_overhead_linear)."""
+    share per scheduled request and per verified draft token, fit_overhead_linear); target_form "linear"
+    (the study's, on every target row) or "piecewise" (speclab.costmodel.forms, on the decode and verify
+    rows only: a prefill's attention over its prompt is not linear in its tokens, and the piecewise form is
+    for what a proposer decides, the decode and verify steps)."""
+    if target_form not in TARGET_FORMS:
+        raise ConfigError(f"target form {target_form!r}: use {' or '.join(TARGET_FORMS)}")
     if draft_form not in ("linear", "chained", "forwards"):
         raise ConfigError(f"draft form {draft_form!r}: use linear, chained or forwards")
     if overhead_form not in ("mean", "linear"):
@@ -117,8 +155,23 @@ def fit_cost_model_report(
         raise ConfigError(f"{csv_path}: no rows of kind 'target'; cannot fit the target forward cost")
     t = data["target"]
     kv, bt, ns, nr, sec = (t[:, i] for i in range(5))
-    coef, r2 = _lstsq(np.column_stack([kv, bt, np.ones_like(kv)]), sec, "target")
-    target = TargetCost(kv=float(coef[0]), batched=float(coef[1]), const=float(coef[2]))
+    if target_form == "linear":
+        coef, r2 = _lstsq(np.column_stack([kv, bt, np.ones_like(kv)]), sec, "target")
+        target: TargetCost = TargetCost(kv=float(coef[0]), batched=float(coef[1]), const=float(coef[2]))
+    else:
+        dec = bt == nr + ns  # decode/verify: one token per request plus its drafts, no prompt tokens
+        if dec.sum() < 4:
+            raise ConfigError(
+                f"{csv_path}: {int(dec.sum())} decode/verify target row(s); the piecewise form needs at least 4"
+            )
+        kv, bt, sec = kv[dec], bt[dec], sec[dec]
+        target = fit_piecewise(kv, bt, sec)
+        ss_tot = float(((sec - sec.mean()) ** 2).sum())
+        pred = np.asarray(target.time(kv, bt), dtype=np.float64)
+        r2 = 1.0 - float(((sec - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+        rep.notes.append(
+            f"piecewise target fitted on {int(dec.sum())} decode/verify rows of {len(dec)} (prefills left out)"
+        )
     rep.r2["target"] = r2
     drafts: dict[str, DraftCost] = {}
     for kind, rows in sorted(data.items()):
@@ -157,7 +210,9 @@ def fit_cost_model_report(
         overhead, per_request, per_spec = fit_overhead_linear(data["overhead"])
     if "overhead" not in data:
         rep.notes.append("no 'overhead' rows: per-step overhead set to 0")
-    zero = [f"target.{k}" for k, v in vars(target).items() if v == 0]
+    zero = [f"target.{k}" for k in ("kv", "batched", "const") if getattr(target, k) == 0]
+    if target_form == "piecewise":
+        zero = [z for z in zero if z != "target.batched"]  # 0 below the knee is the weights-bound shape
     zero += [f"draft.{m}.{k}" for m, d in drafts.items() for k in DRAFT_KEYS[d.form] if getattr(d, k) == 0]
     if zero:
         rep.notes.append(

@@ -41,7 +41,7 @@ from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.simulate.adaptive.base import RATE_WINDOW, AdaptiveBase
 from speclab.simulate.policies import PolicyContext, StepOutcome, StepView, make_policy
 
-DEFAULT_COST_MODEL = "smollm2-135m-cpu"
+DEFAULT_COST_MODEL = "smollm2-135m-cpu-live"
 LIVE_METHODS = ("ngram", "suffix")  # model-free proposers the driver can run as probes
 WINDOW = RATE_WINDOW  # positions of hindsight kept per request (what the rule reads)
 _CAPACITY = 256  # initial size of the policy's per-request arrays (slots are recycled)
@@ -71,18 +71,18 @@ class IncrementalNgram:
             for n in range(self.min_n, min(self.max_n, e + 1) + 1):
                 self.first[n].setdefault(tuple(toks[e - n + 1 : e + 1]), e)
 
-    def propose(self, k: int) -> np.ndarray:
+    def propose(self, k: int) -> list[int]:
         toks = self.toks
         t = len(toks)
         if self.max_model_len is not None:
             k = min(k, self.max_model_len - t)
         if t < self.min_n or k <= 0:
-            return np.zeros(0, np.int32)
+            return []
         for n in range(min(self.max_n, t - 1), self.min_n - 1, -1):
             fo = self.first[n].get(tuple(toks[t - n :]))
             if fo is not None and fo < t - 1:
-                return np.asarray(toks[fo + 1 : min(fo + 1 + k, t)], dtype=np.int32)
-        return np.zeros(0, np.int32)
+                return toks[fo + 1 : min(fo + 1 + k, t)]
+        return []
 
 
 @dataclass
@@ -93,28 +93,28 @@ class _History:
 
     acc: list[int] = field(default_factory=list)
     off: list[int] = field(default_factory=list)
-    open: dict[int, np.ndarray] = field(default_factory=dict)
-    last: tuple[int, np.ndarray] | None = None  # (position, draft) of the latest probe
+    open: dict[int, list[int]] = field(default_factory=dict)
+    last: tuple[int, list[int]] | None = None  # (position, draft) of the latest probe
 
-    def advance(self, out: np.ndarray, start: int, end: int) -> None:
+    def advance(self, out: list[int], start: int, end: int) -> None:
         """Record positions start..end-1 (new since the last call) and extend censored matches; `out` is
-        the request's output known now (length end)."""
+        the request's output known now (length end). Plain lists: a few short drafts per row and step, where
+        numpy's per-call cost would dominate."""
         for q in range(start, end):
             if self.last is None:
-                d = np.zeros(0, np.int32)  # before the first probe (position 0 is prefill)
+                d: list[int] = []  # before the first probe (position 0 is prefill)
             else:
                 q0, d0 = self.last
                 d = d0[q - q0 :]
             self.acc.append(1)
             self.off.append(len(d))
-            if len(d):
+            if d:
                 self.open[q] = d
-        for q in list(self.open):
-            d = self.open[q]
-            have = out[q:end]
-            n = min(len(d), len(have))
-            eq = d[:n] == have[:n]
-            m = int(n if eq.all() else eq.argmin())
+        for q, d in list(self.open.items()):
+            n = min(len(d), end - q)
+            m = 0
+            while m < n and d[m] == out[q + m]:
+                m += 1
             self.acc[q] = 1 + m
             if m < n or m == len(d):  # a miss, or the whole draft matched: final
                 del self.open[q]
@@ -187,7 +187,7 @@ class AdaptiveDriver:
         )
         self._free: list[int] = []
         self._next_slot = 0
-        self.probes: dict[str, Callable[[_Request, np.ndarray, Sequence[int], int], np.ndarray]] = {}
+        self.probes: dict[str, Callable[[_Request, np.ndarray, Sequence[int], int], list[int]]] = {}
         if "ngram" in methods:
             o = dict(ngram or {})
             self.min_n, self.max_n = int(o.pop("min_n", NGRAM_MIN_N)), int(o.pop("max_n", NGRAM_MAX_N))
@@ -208,20 +208,20 @@ class AdaptiveDriver:
         self.counts: dict[str, int] = dict.fromkeys(("off", *methods), 0)
 
     # --- probes ---------------------------------------------------------------------------------------
-    def _probe_ngram(self, req: _Request, row: np.ndarray, sampled: Sequence[int], n: int) -> np.ndarray:
+    def _probe_ngram(self, req: _Request, row: np.ndarray, sampled: Sequence[int], n: int) -> list[int]:
         if req.ngram is None:
             req.ngram = IncrementalNgram(self.min_n, self.max_n, self.max_model_len)
         g = req.ngram
         g.extend(row[len(g.toks) : n].tolist())
         return g.propose(self.kmax)
 
-    def _probe_suffix(self, req: _Request, row: np.ndarray, sampled: Sequence[int], n: int) -> np.ndarray:
+    def _probe_suffix(self, req: _Request, row: np.ndarray, sampled: Sequence[int], n: int) -> list[int]:
         if req.suffix_id is None:
             req.suffix_id = self._suffix.new_id()
         d = self._suffix.step(
             req.suffix_id, row[: n - len(sampled)], sampled, row, self.kmax, self.max_model_len
         )
-        return np.asarray(d, dtype=np.int32)
+        return [int(t) for t in d]
 
     def _probe_prompt(self, req: _Request, row: np.ndarray, plen: int) -> None:
         """A new request's position 0 (context = the prompt; its token came from prefill): what each probe
@@ -247,7 +247,7 @@ class AdaptiveDriver:
                     max_spec_factor=sp.max_spec_factor,
                     min_token_prob=sp.min_token_prob,
                 ).token_ids
-            req.hist["suffix"].last = (0, np.asarray(d, dtype=np.int32))
+            req.hist["suffix"].last = (0, [int(t) for t in d])
 
     # --- request slots ---------------------------------------------------------------------------------
     def _new_request(self, prompt_len: int) -> _Request:
@@ -297,8 +297,8 @@ class AdaptiveDriver:
                 req = self._new_request(n - m)
                 self._probe_prompt(req, row, n - m)
             new_reqs.setdefault(ctx_key(row), []).append(req)
-            out_tok = row[req.prompt_len :]
             pos = n - req.prompt_len
+            out_tok = row[req.prompt_len :].tolist()
             for h in req.hist.values():
                 h.advance(out_tok, len(h.acc), pos)
             req.last_method, req.last_k = -1, 0
@@ -338,7 +338,7 @@ class AdaptiveDriver:
                 continue
             self.counts[name] += 1
             req.last_method, req.last_k = j, len(draft)
-            out[i] = draft.tolist()
+            out[i] = draft
         return out
 
     def _view(self, live: list[tuple[int, _Request, np.ndarray]], rows: int, kv: float) -> StepView:

@@ -16,7 +16,7 @@ trace and a live run cannot drift apart; `speclab trace crosscheck` checks it on
 
 `SpeclabAdaptiveProposer` chooses per step and per row among those two proposers and how many drafts (0..K),
 with the simulator's `adaptive` policy (speclab.methods.adaptive_live; docs/adaptive.md), options
-'{"methods": ["ngram", "suffix"], "kmax": 8, "cost_model": "smollm2-135m-cpu", "ngram": {...},
+'{"methods": ["ngram", "suffix"], "kmax": 8, "cost_model": "smollm2-135m-cpu-live", "ngram": {...},
 "suffix": {...}}' (all optional).
 """
 

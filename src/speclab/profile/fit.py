@@ -24,18 +24,16 @@ from speclab.costmodel.fit import (
     fit_cost_model_report,
     fit_forwards,
     fit_overhead_linear,
+    fit_piecewise,
     forwards_design,
     nonneg_lstsq,
     overhead_design,
 )
-from speclab.costmodel.forms import PiecewiseTargetCost
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
 from speclab.methods.catalog import MODEL_FREE
 from speclab.profile.run import CellTimings
 from speclab.timings import COLUMNS, TimingsRow, append_timings
-
-KNEES = (2, 4, 8, 16, 32, 64, 128, 256)
 
 
 @dataclass
@@ -62,34 +60,6 @@ class ProfileFit:
 
 def _arr(rows: list[TimingsRow]) -> np.ndarray:
     return np.asarray([r.values for r in rows], dtype=np.float64).reshape(-1, len(COLUMNS) - 1)
-
-
-def fit_piecewise(
-    kv: np.ndarray, bt: np.ndarray, sec: np.ndarray, sampled: np.ndarray | None = None
-) -> PiecewiseTargetCost:
-    """Least squares for every knee in KNEES. Without `sampled`: on relative error (each row weighted 1 /
-    seconds). With `sampled` (the rows' sampled positions, num_requests + num_spec_tokens): the form's
-    per-sampled-position term too, on absolute error, i.e. weighted by time, which is what a cell's summed
-    time (and so a throughput) depends on; the many short decode rows would otherwise outweigh the verify
-    rows that carry that term."""
-    w = 1.0 / np.maximum(sec, 1e-9) if sampled is None else np.ones_like(sec)
-    best: tuple[float, PiecewiseTargetCost] | None = None
-    for knee in KNEES:
-        cols = [kv, np.minimum(bt, knee), np.maximum(bt - knee, 0.0), np.ones_like(kv)]
-        x = np.column_stack(cols if sampled is None else [*cols, sampled])
-        if len(sec) < x.shape[1]:
-            continue
-        c = nonneg_lstsq(x * w[:, None], sec * w)  # a negative time per token is not a cost model
-        sse = float((((x @ c) - sec) * w) ** 2 @ np.ones_like(sec))
-        cand = PiecewiseTargetCost(
-            kv=float(c[0]), batched=float(c[1]), const=float(c[3]), knee=float(knee), batched_hi=float(c[2]),
-            sampled=float(c[4]) if sampled is not None else 0.0,
-        )  # fmt: skip
-        if best is None or sse < best[0]:
-            best = (sse, cand)
-    if best is None:
-        raise ConfigError(f"profile: {len(sec)} target row(s), too few to fit the piecewise form")
-    return best[1]
 
 
 def draft_time(cost: DraftCost, target: TargetCost, a: np.ndarray) -> np.ndarray:

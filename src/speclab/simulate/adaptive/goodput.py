@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from speclab.costmodel.model import CostModel
+from speclab.costmodel.model import CostModel, TargetCost
 
 
 def step_time(
@@ -90,86 +90,113 @@ def batch_choice(
     ng = int(group.max()) + 1
     size = np.bincount(group, minlength=ng)
     w = occ / size[group]  # sequences each request stands for
+    seqs_g = np.bincount(group, weights=w, minlength=ng)  # sequences in each batch
     kv_g = np.bincount(group, weights=kv, minlength=ng) / size  # the batch's KV (same for all members)
     tc = cm.target
     frac = sum(cm.draft_for(p).fraction for p in probes)
-    tok_s = tc.batched * (1 + frac)  # one verified token, probes scale with verify time
-    base_g = (tc.kv * kv_g + tc.const) * (1 + frac) + cm.overhead_per_step
-    # the overhead's per-request share is paid whatever is chosen; its per-draft-token share is in S below
-    base_g = base_g + cm.overhead_per_request * np.bincount(group, weights=w, minlength=ng)
-    # options per request: (method index, k, expected tokens, own marginal seconds, passes needed)
-    opts = [(np.full(n, -1), np.zeros(n), np.ones(n), w * tok_s, np.zeros(n))]
+    # an all-off step: one token per sequence through the target (probes scale with verify time), the
+    # step's overhead and the per-request share of it
+    base_g = (
+        tc.time(kv_g, seqs_g, seqs_g) * (1 + frac) + cm.overhead_per_step + cm.overhead_per_request * seqs_g
+    )
+    # what one more verified draft token costs in each batch: the target's slope over the tokens the batch's
+    # drafts add (piecewise forms: ~0 below the weights-bound knee, the compute slope above it), re-read for
+    # the drafts chosen at each iteration; starts from one draft per sequence
+    tok_g = _marginal(tc, kv_g, seqs_g, seqs_g) * (1 + frac)
+    # options per request: (method index, k, expected tokens, seconds besides verified drafts, passes needed)
+    # options per request, one column each (off first): method index, k, expected tokens, seconds besides
+    # the verified drafts, passes of a model-based drafter needed
+    cols: list[list[np.ndarray]] = [[np.full((n, 1), -1)], [np.zeros((n, 1))], [np.ones((n, 1))]]
+    cols += [[np.zeros((n, 1))], [np.zeros((n, 1))]]
     later = None
+    carry_tok: list[np.ndarray] = []
+    carry_sec: list[np.ndarray] = []
     if lookahead:
-        # a later step that takes R copied tokens: its tokens R + 1 and its time, the request's share of the
-        # step's fixed time plus its verified tokens
-        share = base_g[group] * w / np.bincount(group, weights=w, minlength=ng)[group]
+        # a later step that takes R copied tokens: its tokens R + 1 and its time, the request's share of an
+        # all-off step plus its verified drafts
+        share = base_g[group] * w / seqs_g[group]
         later = _carry_tables(
-            methods, surv, kmax, probes, share + w * tok_s, w * (tok_s + cm.overhead_per_spec_token)
+            methods, surv, kmax, probes, share, w * (tok_g[group] + cm.overhead_per_spec_token)
         )
-        carry_tok, carry_sec = [], []
         ct, cs = _carry(later, None, np.ones((n, 1)))  # off: one token, the copy stays
         carry_tok.append(ct)
         carry_sec.append(cs)
+    wc = w[:, None]
     for j, m in enumerate(methods):
-        if surv[j] is None or kmax[j] < 1:
+        km = kmax[j]
+        if surv[j] is None or km < 1:
             continue
         d = cm.draft_for(m)
-        e = 1.0 + np.cumsum(surv[j][:, : kmax[j]], axis=1)
-        for k in range(1, kmax[j] + 1):
-            if later is not None:
+        ks = np.arange(1, km + 1, dtype=np.float64)[None, :]
+        if later is not None:
+            for k in range(1, km + 1):
                 # P(the step produces 1 + a tokens), a = 0..k
                 sk = np.concatenate([np.ones((n, 1)), surv[j][:, :k], np.zeros((n, 1))], axis=1)
                 ct, cs = _carry(later, (j, k), sk[:, :-1] - sk[:, 1:])
                 carry_tok.append(ct)
                 carry_sec.append(cs)
-            sec = w * ((k + 1) * tok_s + k * cm.overhead_per_spec_token)
-            passes = np.zeros(n)
-            if m not in probes:
-                if d.form == "verify_fraction":
-                    sec = sec + w * (k + 1) * tc.batched * d.fraction
-                elif d.form == "chained":
-                    sec = sec + w * d.num_spec * k
-                    passes = np.full(n, float(k))
-                elif d.form == "forwards":  # its tokens through the drafter: k + 1, then 1 per later pass
-                    sec = sec + w * d.batched * 2 * k
-                    passes = np.full(n, float(k))
-                else:  # linear: charged once per step (max over requests): count it as shared
-                    sec = sec + w * d.num_spec * k / np.maximum(size[group], 1)
-                    passes = np.full(n, 1.0)
-            opts.append((np.full(n, j), np.full(n, float(k)), e[:, k - 1], sec, passes))
-    M = np.stack([o[0] for o in opts], 1)
-    K = np.stack([o[1] for o in opts], 1)
-    E = np.stack([o[2] for o in opts], 1)
-    S = np.stack([o[3] for o in opts], 1)
-    Pn = np.stack([o[4] for o in opts], 1)
+        sec = wc * ks * cm.overhead_per_spec_token
+        passes = np.zeros((n, km))
+        if m not in probes:
+            if d.form == "verify_fraction":
+                sec = sec + wc * ks * tok_g[group][:, None] * d.fraction
+            elif d.form == "chained":
+                sec = sec + wc * d.num_spec * ks
+                passes = np.broadcast_to(ks, (n, km))
+            elif d.form == "forwards":  # its tokens through the drafter: k + 1, then 1 per later pass
+                sec = sec + wc * d.batched * 2 * ks
+                passes = np.broadcast_to(ks, (n, km))
+            else:  # linear: charged once per step (max over requests): count it as shared
+                sec = sec + wc * d.num_spec * ks / np.maximum(size[group], 1)[:, None]
+                passes = np.ones((n, km))
+        blocks = (np.full((n, km), j), np.broadcast_to(ks, (n, km)), 1.0 + np.cumsum(surv[j][:, :km], axis=1))
+        for c, v in zip(cols, (*blocks, sec, passes), strict=True):
+            c.append(v)
+    M, K, E, S0, Pn = (np.concatenate(c, axis=1) for c in cols)
     if later is not None:
         E = E + np.stack(carry_tok, 1)  # the copy left in progress, valued as the later step that takes it
-        S = S + np.stack(carry_sec, 1)
+        S0 = S0 + np.stack(carry_sec, 1)
+    WK = w[:, None] * K  # verified draft tokens (in sequences) of each option
     # the shared cost of P passes of the model-based drafter(s)
     mb = [cm.draft_for(m) for m in methods if m not in probes]
     per_pass = sum((d.kv * kv_g + d.const) if d.form != "verify_fraction" else 0.0 for d in mb) if mb else 0.0
     best_g = np.full(ng, -np.inf)
     best_i = np.zeros(n, dtype=np.int64)
-    lam0 = 1.0 / (base_g + np.bincount(group, weights=w * tok_s, minlength=ng))  # off: 1 token per seq
+    r = np.arange(n)
     for P in PASS_GRID if mb else (0,):
         allowed = Pn <= P
         shared = base_g + (P * per_pass if mb else 0.0)
-        lam = lam0 * np.bincount(group, weights=w, minlength=ng)
+        lam = seqs_g / base_g  # off: 1 token per sequence
+        tok = tok_g
         for _ in range(iters):
+            S = S0 + WK * tok[group][:, None]
             score = np.where(allowed, w[:, None] * E - lam[group][:, None] * S, -np.inf)
             i = score.argmax(axis=1)
-            tot_e = np.bincount(group, weights=w * E[np.arange(n), i], minlength=ng)
-            used = np.bincount(group, weights=Pn[np.arange(n), i], minlength=ng) > 0
-            t = np.where(used | (P == 0), shared, base_g) + np.bincount(
-                group, weights=S[np.arange(n), i], minlength=ng
+            tot_e = np.bincount(group, weights=w * E[r, i], minlength=ng)
+            used = np.bincount(group, weights=Pn[r, i], minlength=ng) > 0
+            drafts = np.bincount(group, weights=WK[r, i], minlength=ng)
+            # the step's time at the chosen drafts, by the cost model itself (not the slope)
+            t = (
+                np.where(used | (P == 0), shared, base_g)
+                + (tc.time(kv_g, seqs_g + drafts, seqs_g + drafts) - tc.time(kv_g, seqs_g, seqs_g))
+                * (1 + frac)
+                + np.bincount(group, weights=S0[r, i], minlength=ng)
             )
             lam = tot_e / t
+            tok = np.where(drafts > 0, _marginal(tc, kv_g, seqs_g, drafts), tok_g / (1 + frac)) * (1 + frac)
         better = lam > best_g
         best_g = np.where(better, lam, best_g)
         best_i = np.where(better[group], i, best_i)
-    r = np.arange(n)
     return M[r, best_i].astype(np.int64), K[r, best_i].astype(np.int64)
+
+
+def _marginal(tc: TargetCost, kv: np.ndarray, tokens: np.ndarray, extra: np.ndarray) -> np.ndarray:
+    """Seconds per token of `extra` more verified tokens on a forward of `tokens` (sampled positions =
+    tokens: decode and verify rows). The linear form's `batched` (+ `sampled`), a piecewise form's average
+    slope over the span."""
+    extra = np.maximum(np.asarray(extra, dtype=np.float64), 1e-9)
+    hi = tokens + extra
+    return (np.asarray(tc.time(kv, hi, hi)) - np.asarray(tc.time(kv, tokens, tokens))) / extra
 
 
 def _carry_tables(
