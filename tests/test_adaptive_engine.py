@@ -58,7 +58,7 @@ def test_adaptive_proposer_token_exact_and_switches_off(tmp_path: Path) -> None:
     cells = [CellSpec(f"b{b}", "continuous", b, MAX_TOKENS, prompts) for b in (1, 2)]
     common = dict(target=target, max_model_len=2048, max_num_seqs=2, enforce_eager=True, kv_cache_gib=1.0)
     base = _run(tmp_path, "none", EngineSpec(method="none", **common), cells)
-    opts = {"model": ADAPTIVE, "proposer_options": {"cost_model": "smollm2-135m-cpu-live",
+    opts = {"model": ADAPTIVE, "proposer_options": {"cost_model": "smollm2-135m-cpu",
                                                     "suffix": {"max_cached_requests": 0}}}  # fmt: skip
     ad = _run(tmp_path, "adaptive", EngineSpec(method="custom_class", k=K, options=opts, **common), cells)
 

@@ -307,3 +307,27 @@ def test_piecewise_cost_prices_drafts_by_the_batch() -> None:
 
     pw1, pw32, lin1 = drafted(pw, 1, 1), drafted(pw, 32, 4), drafted(lin, 1, 1)
     assert pw1 > lin1 and pw1 > pw32, (pw1, lin1, pw32)
+
+
+def test_tabulated_cost_prefers_the_cheap_verify_width() -> None:
+    """Where the forward of 4 tokens is cheaper than that of 2 (as measured on CPU), a lone request offered 8
+    drafts it barely trusts takes 3 (4 tokens) rather than 1 or none; priced linearly it takes none."""
+    from speclab.costmodel.forms import TableTargetCost
+    from speclab.simulate.adaptive.goodput import batch_choice
+
+    tab = TableTargetCost(
+        kv=0.0, batched=0.0, const=0.03, knee=8.0, batched_hi=2e-3,
+        table=((1, 0.030), (2, 0.035), (3, 0.0285), (4, 0.0275), (5, 0.029), (9, 0.035)),
+    )  # fmt: skip
+    probe = DraftCost("verify_fraction", fraction=0.001)
+    surv = [np.full((1, 8), 0.03) ** np.arange(1, 9)[None, :]]  # 3% first-draft acceptance
+
+    def choose(target: TargetCost) -> tuple[int, int]:
+        cm = CostModel("t", target, {"ngram": probe}, overhead_per_step=2e-3)
+        m, k = batch_choice(
+            cm, ("ngram",), surv, [8], np.ones(1), np.full(1, 500.0), ("ngram",), np.zeros(1, np.int64)
+        )
+        return int(m[0]), int(k[0])
+
+    assert choose(tab) == (0, 3)
+    assert choose(TargetCost(kv=0.0, batched=1.4e-3, const=0.03))[1] == 0

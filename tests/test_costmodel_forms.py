@@ -209,3 +209,41 @@ def test_fit_cli_piecewise_target_on_decode_rows(tmp_path: Path) -> None:
     assert abs(lin.target.batched - 2e-3) > 0.2 * 2e-3
     with pytest.raises(ConfigError, match="target form"):
         fit_cost_model_report(csv, target_form="cubic")
+
+
+def test_table_form_fit_load_and_lookup(tmp_path: Path) -> None:
+    """The table form: counts seen often get their own (median) time, others fall back to the piecewise
+    terms; the TOML round-trips; malformed tables are refused with the field named."""
+    from speclab.costmodel.fit import fit_table
+
+    smooth = PiecewiseTargetCost(kv=1e-6, batched=0.0, const=0.03, knee=8.0, batched_hi=2e-3)
+    shape = {1: 0.030, 2: 0.035, 4: 0.027}  # not monotone, as on CPU
+    rng = np.random.default_rng(3)
+    bt = rng.choice([1, 2, 4, 7], 400).astype(float)
+    kv = rng.integers(0, 3000, 400).astype(float)
+    sec = np.array([shape.get(int(b), float(smooth.time(0, b))) for b in bt]) + 1e-6 * kv
+    sec[::50] *= 5  # a few preempted steps: the median ignores them
+    tab = fit_table(smooth, kv, bt, sec)
+    assert [c for c, _ in tab.table] == [1, 2, 4, 7]
+    assert tab.time(1000, 2) == pytest.approx(0.035 + 1e-3)
+    assert tab.time(0, 4) < tab.time(0, 1) < tab.time(0, 2)
+    assert tab.time(0, 30) == pytest.approx(float(smooth.time(0, 30)))  # not in the table: piecewise
+    np.testing.assert_allclose(
+        tab.time(np.zeros(3), np.array([1.0, 4.0, 30.0])), [0.030, 0.027, smooth.time(0, 30)]
+    )
+    p = tmp_path / "t.toml"
+    p.write_text(CostModel(name="t", target=tab, overhead_per_step=0.0).to_toml())
+    assert get_cost_model(str(p)).target == tab
+    good = p.read_text()
+    for bad in (
+        "table = [[2, 0.03], [1, 0.03]]",
+        "table = [[0, 0.03]]",
+        "table = [[1.5, 0.03]]",
+        "table = []",
+    ):
+        p.write_text("\n".join(bad if ln.startswith("table =") else ln for ln in good.splitlines()))
+        with pytest.raises(ConfigError, match="target.table"):
+            get_cost_model(str(p))
+    p.write_text(good.replace('form = "table"', 'form = "piecewise"'))
+    with pytest.raises(ConfigError, match="only with form"):
+        get_cost_model(str(p))

@@ -53,11 +53,12 @@ def show_cmd(name: str) -> None:
 )
 @click.option(
     "--target-form",
-    type=click.Choice(["linear", "piecewise"]),
+    type=click.Choice(["linear", "piecewise", "table"]),
     default="linear",
     show_default=True,
-    help="Target forward: the study's linear form (every row), or piecewise with one knee "
-    "(weights-bound below, compute-bound above; fitted on decode/verify rows).",
+    help="Target forward: the study's linear form (every row); piecewise with one knee "
+    "(weights-bound below, compute-bound above; fitted on decode/verify rows); or table: piecewise plus "
+    "the measured time of each batched-token count seen in >= 20 rows (CPU kernels are not monotone).",
 )
 def fit_cmd(
     timings: str, out: str, name: str | None, draft_form: str, overhead_form: str, target_form: str

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from speclab.costmodel.forms import PiecewiseTargetCost
+from speclab.costmodel.forms import PiecewiseTargetCost, TableTargetCost
 from speclab.costmodel.model import _DRAFT_KEYS as DRAFT_KEYS
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
@@ -18,7 +18,10 @@ from speclab.methods.catalog import MODEL_FREE
 from speclab.timings import read_timings
 
 KNEES = (2, 4, 8, 16, 32, 64, 128, 256)  # knees the piecewise target form is fitted at (the best kept)
-TARGET_FORMS = ("linear", "piecewise")
+TARGET_FORMS = ("linear", "piecewise", "table")
+TABLE_MIN_ROWS = (
+    20  # decode/verify forwards of one batched-token count before the table form gives it its own time
+)
 
 
 @dataclass
@@ -123,6 +126,29 @@ def fit_piecewise(
     return best[1]
 
 
+def fit_table(
+    smooth: PiecewiseTargetCost,
+    kv: np.ndarray,
+    bt: np.ndarray,
+    sec: np.ndarray,
+    min_rows: int = TABLE_MIN_ROWS,
+) -> TableTargetCost:
+    """The table form over a fitted piecewise one: for each batched-token count with at least `min_rows`
+    decode/verify rows, the median of (seconds - kv term) -- a median, so a few preempted steps do not move
+    it; other counts keep the piecewise terms."""
+    rest = sec - smooth.kv * kv
+    counts, n = np.unique(bt, return_counts=True)
+    table = tuple(
+        (int(c), float(np.median(rest[bt == c])))
+        for c, k in zip(counts, n, strict=True)
+        if k >= min_rows and c >= 1
+    )
+    return TableTargetCost(
+        **{f: getattr(smooth, f) for f in ("kv", "batched", "const", "knee", "batched_hi", "sampled")},
+        table=table,
+    )
+
+
 def fit_cost_model(
     csv_path: str | os.PathLike[str], name: str | None = None, draft_form: str = "linear"
 ) -> CostModel:
@@ -140,9 +166,10 @@ def fit_cost_model_report(
 ) -> tuple[CostModel, FitReport]:
     """As fit_cost_model; overhead_form "mean" (the study's constant per step) or "linear" (a constant plus a
     share per scheduled request and per verified draft token, fit_overhead_linear); target_form "linear"
-    (the study's, on every target row) or "piecewise" (speclab.costmodel.forms, on the decode and verify
+    (the study's, on every target row), "piecewise" (speclab.costmodel.forms, on the decode and verify
     rows only: a prefill's attention over its prompt is not linear in its tokens, and the piecewise form is
-    for what a proposer decides, the decode and verify steps)."""
+    for what a proposer decides, the decode and verify steps) or "table" (piecewise plus the median time of
+    each batched-token count seen often enough, fit_table)."""
     if target_form not in TARGET_FORMS:
         raise ConfigError(f"target form {target_form!r}: use {' or '.join(TARGET_FORMS)}")
     if draft_form not in ("linear", "chained", "forwards"):
@@ -166,6 +193,11 @@ def fit_cost_model_report(
             )
         kv, bt, sec = kv[dec], bt[dec], sec[dec]
         target = fit_piecewise(kv, bt, sec)
+        if target_form == "table":
+            target = fit_table(target, kv, bt, sec)
+            rep.notes.append(
+                f"table: own times for {len(target.table)} batched-token count(s) with >= {TABLE_MIN_ROWS} rows"
+            )
         ss_tot = float(((sec - sec.mean()) ** 2).sum())
         pred = np.asarray(target.time(kv, bt), dtype=np.float64)
         r2 = 1.0 - float(((sec - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
@@ -211,7 +243,7 @@ def fit_cost_model_report(
     if "overhead" not in data:
         rep.notes.append("no 'overhead' rows: per-step overhead set to 0")
     zero = [f"target.{k}" for k in ("kv", "batched", "const") if getattr(target, k) == 0]
-    if target_form == "piecewise":
+    if target_form != "linear":
         zero = [z for z in zero if z != "target.batched"]  # 0 below the knee is the weights-bound shape
     zero += [f"draft.{m}.{k}" for m, d in drafts.items() for k in DRAFT_KEYS[d.form] if getattr(d, k) == 0]
     if zero:

@@ -14,6 +14,16 @@ request in a verify step), so verify tokens cost more than prefill tokens of the
 
     ... + sampled * (num_requests + num_spec_tokens)
 
+`table` (speclab): the piecewise form plus measured forward times for the batched-token counts seen often
+enough, which replace its batched and const terms there (the KV term stays):
+
+    time = kv * kv_tokens + table[batched_tokens]      where the table has that count, else piecewise
+
+On a CPU the forward's time is not monotone in its tokens at small counts: vLLM's CPU build (2 cores, fp32,
+SmolLM2-135M) measured ~30 ms for 1 token, ~35 ms for 2 and ~27-28 ms for 4-5 in every quiet run
+(matrix-kernel shapes), so a draft of 3 can cost less than none and a draft of 1 costs the most; a smooth
+form cannot say which k is cheap.
+
 The simulator calls `time(kv, batched, sampled_positions)` (vectorised); a caller that does not know the
 sampled positions leaves them out and the term is not charged, so any form here works everywhere a cost model
 is accepted.
@@ -29,7 +39,7 @@ import numpy as np
 from speclab.costmodel.model import TargetCost
 from speclab.errors import ConfigError
 
-TARGET_FORMS = ("linear", "piecewise")
+TARGET_FORMS = ("linear", "piecewise", "table")
 
 
 @dataclass(frozen=True)
@@ -58,9 +68,36 @@ class PiecewiseTargetCost(TargetCost):
         ]
 
 
+@dataclass(frozen=True)
+class TableTargetCost(PiecewiseTargetCost):
+    """PiecewiseTargetCost with measured times at kv = 0 for some batched-token counts (`table`: sorted
+    (count, seconds) pairs); other counts fall back to the piecewise terms."""
+
+    table: tuple[tuple[int, float], ...] = ()
+    form = "table"
+
+    def time(self, kv_tokens: Any, batched_tokens: Any, sampled_positions: Any = None) -> Any:
+        smooth = super().time(kv_tokens, batched_tokens, sampled_positions)
+        if not self.table:
+            return smooth
+        keys = np.array([c for c, _ in self.table], dtype=np.float64)
+        vals = np.array([v for _, v in self.table], dtype=np.float64)
+        bt = np.asarray(batched_tokens, dtype=np.float64)
+        i = np.clip(np.searchsorted(keys, bt), 0, len(keys) - 1)
+        hit = keys[i] == bt
+        out = np.where(hit, self.kv * np.asarray(kv_tokens, dtype=np.float64) + vals[i], smooth)
+        return out if np.ndim(out) else float(out)
+
+    def toml_lines(self) -> list[str]:
+        lines = super().toml_lines()
+        lines[0] = 'form = "table"'
+        pairs = ", ".join(f"[{c}, {v!r}]" for c, v in self.table)
+        return [*lines, f"table = [{pairs}]"]
+
+
 def target_from_toml(form: Any, table: dict[str, Any], where: str) -> TargetCost:
     """The [target] table of a form other than linear."""
-    if form != "piecewise":
+    if form not in TARGET_FORMS or form == "linear":
         raise ConfigError(f"{where}: field target.form: {form!r} not one of {', '.join(TARGET_FORMS)}")
     vals = {}
     for key in ("kv", "batched", "const", "knee", "batched_hi", "sampled"):
@@ -72,4 +109,25 @@ def target_from_toml(form: Any, table: dict[str, Any], where: str) -> TargetCost
         vals[key] = float(v)
     if vals["knee"] <= 0:
         raise ConfigError(f"{where}: field target.knee: must be > 0, got {vals['knee']!r}")
-    return PiecewiseTargetCost(**vals)
+    if form == "piecewise":
+        if "table" in table:
+            raise ConfigError(f'{where}: field target.table: only with form = "table"')
+        return PiecewiseTargetCost(**vals)
+    raw = table.get("table")
+    bad = f"{where}: field target.table: expected [[batched_tokens, seconds], ...] with whole counts >= 1, "
+    bad += "increasing, and seconds in 0..1000"
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(bad)
+    pairs: list[tuple[int, float]] = []
+    for e in raw:
+        ok = (
+            isinstance(e, list)
+            and len(e) == 2
+            and all(isinstance(x, int | float) and not isinstance(x, bool) for x in e)
+        )
+        if not ok or e[0] != int(e[0]) or e[0] < 1 or not (np.isfinite(e[1]) and 0 <= e[1] <= 1e3):
+            raise ConfigError(f"{bad}; got {e!r}")
+        if pairs and int(e[0]) <= pairs[-1][0]:
+            raise ConfigError(f"{bad}; {int(e[0])} after {pairs[-1][0]}")
+        pairs.append((int(e[0]), float(e[1])))
+    return TableTargetCost(**vals, table=tuple(pairs))

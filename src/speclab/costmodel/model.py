@@ -197,7 +197,9 @@ class CostModel:
             from speclab.costmodel.forms import target_from_toml
 
             _no_unknown(
-                tgt_raw, ("form", *_TARGET_KEYS, "knee", "batched_hi", "sampled"), f"{where}: field target"
+                tgt_raw,
+                ("form", *_TARGET_KEYS, "knee", "batched_hi", "sampled", "table"),
+                f"{where}: field target",
             )
             target: TargetCost = target_from_toml(tgt_form, tgt_raw, where)
         else:

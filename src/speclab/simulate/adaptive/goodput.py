@@ -163,9 +163,27 @@ def batch_choice(
     best_g = np.full(ng, -np.inf)
     best_i = np.zeros(n, dtype=np.int64)
     r = np.arange(n)
+    # one request per batch (batch 1 live; every request in the simulator's replicated batches) under a
+    # non-linear target: each option's step time is computed exactly (a tabulated forward can be cheaper
+    # with 3 drafts than with 1, which no slope expresses); the linear form's iteration below is exact
+    # already (Dinkelbach's), so it keeps it
+    exact = bool(size.max() == 1) and type(tc) is not TargetCost
+    if exact:
+        kvr, sr = kv_g[group][:, None], seqs_g[group][:, None]
+        extra = (np.asarray(tc.time(kvr, sr + WK, sr + WK)) - np.asarray(tc.time(kvr, sr, sr))) * (1 + frac)
     for P in PASS_GRID if mb else (0,):
         allowed = Pn <= P
         shared = base_g + (P * per_pass if mb else 0.0)
+        if exact:
+            T = np.where(Pn > 0, shared[group][:, None], base_g[group][:, None]) + extra + S0
+            val = np.where(allowed, w[:, None] * E / T, -np.inf)
+            i = val.argmax(axis=1)
+            lam = np.full(ng, -np.inf)
+            lam[group] = val[r, i]
+            better = lam > best_g
+            best_g = np.where(better, lam, best_g)
+            best_i = np.where(better[group], i, best_i)
+            continue
         lam = seqs_g / base_g  # off: 1 token per sequence
         tok = tok_g
         for _ in range(iters):
