@@ -31,7 +31,7 @@ is accepted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -75,15 +75,21 @@ class TableTargetCost(PiecewiseTargetCost):
 
     table: tuple[tuple[int, float], ...] = ()
     form = "table"
+    _keys: np.ndarray = field(init=False, repr=False, compare=False)
+    _vals: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # arrays once: the live proposer prices every option of every step with time()
+        object.__setattr__(self, "_keys", np.array([c for c, _ in self.table], dtype=np.float64))
+        object.__setattr__(self, "_vals", np.array([v for _, v in self.table], dtype=np.float64))
 
     def time(self, kv_tokens: Any, batched_tokens: Any, sampled_positions: Any = None) -> Any:
         smooth = super().time(kv_tokens, batched_tokens, sampled_positions)
         if not self.table:
             return smooth
-        keys = np.array([c for c, _ in self.table], dtype=np.float64)
-        vals = np.array([v for _, v in self.table], dtype=np.float64)
+        keys, vals = self._keys, self._vals
         bt = np.asarray(batched_tokens, dtype=np.float64)
-        i = np.clip(np.searchsorted(keys, bt), 0, len(keys) - 1)
+        i = np.minimum(np.searchsorted(keys, bt), len(keys) - 1)  # np.clip costs more per call
         hit = keys[i] == bt
         out = np.where(hit, self.kv * np.asarray(kv_tokens, dtype=np.float64) + vals[i], smooth)
         return out if np.ndim(out) else float(out)
