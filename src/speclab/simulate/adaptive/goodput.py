@@ -104,7 +104,6 @@ def batch_choice(
     # drafts add (piecewise forms: ~0 below the weights-bound knee, the compute slope above it), re-read for
     # the drafts chosen at each iteration; starts from one draft per sequence
     tok_g = _marginal(tc, kv_g, seqs_g, seqs_g) * (1 + frac)
-    # options per request: (method index, k, expected tokens, seconds besides verified drafts, passes needed)
     # options per request, one column each (off first): method index, k, expected tokens, seconds besides
     # the verified drafts, passes of a model-based drafter needed
     cols: list[list[np.ndarray]] = [[np.full((n, 1), -1)], [np.zeros((n, 1))], [np.ones((n, 1))]]
