@@ -361,3 +361,20 @@ def test_memory_check_refuses_resident_engines_that_do_not_fit(tmp_path):
     # a smaller KV cache makes the same sweep fit; GPU builds are not checked
     assert check_memory(sweep(3, 0.5), str(target), {}, available=8 * gib, cpu_engine=True) is None
     assert check_memory(sweep(3, 2.0), str(target), {}, available=gib, cpu_engine=False) is None
+
+
+def test_contended_pairs_left_out_of_the_median_when_quiet_ones_exist():
+    """A pair measured under contention is biased (a slowed baseline inflates the ratio): where quiet pairs
+    exist, the row's speedup and spread are theirs, and `bench show` says how many were left out; where none
+    is quiet, all pairs stay (and the evidence says contended)."""
+    from speclab.bench.show import _range
+
+    base = row("none", "none", [10.0, 5.0, 10.0], loads=[QUIET, BUSY, QUIET])
+    sd = paired(base, row("a", "ngram", [12.0, 12.0, 13.0]))  # pair 2: 2.4x only because no SD was slowed
+    assert sd["speedup"] == pytest.approx(1.25) and sd["speedup_spread"]["n"] == 2
+    assert sd["speedup_spread"]["contended_left_out"] == 1
+    assert _range(sd["speedup_spread"]) == "1.20-1.30 (1 contended left out)"
+    assert len(sd["speedup_runs"]) == 3  # every pair is kept in the row, marked
+    busy = row("none", "none", [10.0, 5.0], loads=[BUSY, BUSY])
+    sd2 = paired(busy, row("a", "ngram", [12.0, 12.0]))
+    assert sd2["speedup"] == pytest.approx(1.8) and "contended_left_out" not in sd2["speedup_spread"]

@@ -136,7 +136,9 @@ def summarise_runs(row: dict[str, Any]) -> None:
 
 def apply_pairs(row: dict[str, Any], baseline_row: dict[str, Any]) -> None:
     """The speedup of a row with repeats from matched pairs with its baseline (same repeat number): the
-    median of the ratios, their spread and n. Each pair is marked contended if either side was."""
+    median of the ratios, their spread and n. Each pair is marked contended if either side was; where some
+    pairs are quiet and some contended, only the quiet ones make the median and spread (`contended_left_out`
+    in the spread counts the others)."""
     mine, base = _runs_of(row), _runs_of(baseline_row)
     pairs = []
     for r in sorted(set(mine) & set(base)):
@@ -151,9 +153,14 @@ def apply_pairs(row: dict[str, Any], baseline_row: dict[str, Any]) -> None:
             )
     row["speedup_runs"] = pairs
     if pairs:
-        ratios = [p["speedup"] for p in pairs]
+        # a contended pair's ratio is biased, not only noisier: where some pairs ran on a quiet machine, the
+        # figure is theirs alone, and the spread says how many were left out
+        quiet = [p["speedup"] for p in pairs if not p["contended"]]
+        ratios = quiet or [p["speedup"] for p in pairs]
         row["speedup"] = statistics.median(ratios)
         row["speedup_spread"] = {"min": min(ratios), "max": max(ratios), "n": len(ratios)}
+        if quiet and len(quiet) < len(pairs):
+            row["speedup_spread"]["contended_left_out"] = len(pairs) - len(quiet)
     else:
         row["speedup"], row["speedup_spread"] = None, None
 

@@ -35,7 +35,9 @@ def _mib(b: Any) -> str:
 def _range(spread: Any) -> str:
     if not isinstance(spread, dict) or spread.get("min") is None:
         return "-"
-    return f"{spread['min']:.2f}-{spread['max']:.2f}"
+    out = f"{spread['min']:.2f}-{spread['max']:.2f}"
+    left = spread.get("contended_left_out")
+    return f"{out} ({left} contended left out)" if left else out
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
