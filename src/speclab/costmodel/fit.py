@@ -5,6 +5,7 @@ The table (CONTRACTS.md section 5) is read by speclab.timings, which defines its
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
@@ -44,10 +45,12 @@ def _lstsq(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, float]:
             f"timings: {what}: {len(y)} row(s), need at least {x.shape[1]} to fit {x.shape[1]} terms"
         )
     coef = nonneg_lstsq(x, y)
-    resid = y - x @ coef
+    return coef, _r2(y, x @ coef)
+
+
+def _r2(y: np.ndarray, pred: np.ndarray) -> float:
     ss_tot = float(((y - y.mean()) ** 2).sum())
-    r2 = 1.0 - float((resid**2).sum()) / ss_tot if ss_tot > 0 else 1.0
-    return coef, r2
+    return 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
 
 
 def nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -143,10 +146,7 @@ def fit_table(
         for c, k in zip(counts, n, strict=True)
         if k >= min_rows and c >= 1
     )
-    return TableTargetCost(
-        **{f: getattr(smooth, f) for f in ("kv", "batched", "const", "knee", "batched_hi", "sampled")},
-        table=table,
-    )
+    return TableTargetCost(**dataclasses.asdict(smooth), table=table)
 
 
 def fit_cost_model(
@@ -198,9 +198,7 @@ def fit_cost_model_report(
             rep.notes.append(
                 f"table: own times for {len(target.table)} batched-token count(s) with >= {TABLE_MIN_ROWS} rows"
             )
-        ss_tot = float(((sec - sec.mean()) ** 2).sum())
-        pred = np.asarray(target.time(kv, bt), dtype=np.float64)
-        r2 = 1.0 - float(((sec - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+        r2 = _r2(sec, np.asarray(target.time(kv, bt), dtype=np.float64))
         rep.notes.append(
             f"piecewise target fitted on {int(dec.sum())} decode/verify rows of {len(dec)} (prefills left out)"
         )
@@ -234,8 +232,7 @@ def fit_cost_model_report(
                 form="chained", kv=float(c[0]), num_spec=float(c[1]), const=float(c[2])
             )
             pred = x @ c
-        ss_tot = float(((sec - sec.mean()) ** 2).sum())
-        rep.r2[kind] = 1.0 - float(((sec - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+        rep.r2[kind] = _r2(sec, pred)
     overhead = float(data["overhead"][:, 4].mean()) if "overhead" in data else 0.0
     per_request = per_spec = 0.0
     if overhead_form == "linear" and "overhead" in data:
