@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
-from speclab.methods.adaptive_live import AdaptiveDriver, IncrementalNgram
+from speclab.errors import ConfigError
+from speclab.methods.adaptive_live import AdaptiveDriver, IncrementalNgram, play_engine
 from speclab.methods.ngram import NgramProposer
 
 MAX_LEN = 4096
@@ -31,47 +32,7 @@ def cpu_like() -> CostModel:
 
 
 def play(driver: AdaptiveDriver, reqs: list[tuple[list[int], list[int]]], batch: int, order_seed: int = 0):
-    """Run requests (prompt, target output) through the driver like vLLM with continuous batching at most
-    `batch` at once; rows are shuffled every step (compaction). Returns per request the list of
-    (drafted, accepted) of its steps that drafted."""
-    rng = np.random.default_rng(order_seed)
-    waiting = list(range(len(reqs)))
-    running: dict[int, list[int]] = {}  # request -> committed tokens so far (prompt + output)
-    sampled: dict[int, list[int]] = {}
-    log: dict[int, list[tuple[int, int]]] = {i: [] for i in range(len(reqs))}
-    for _ in range(10_000):
-        while waiting and len(running) < batch:
-            i = waiting.pop(0)
-            p, o = reqs[i]
-            running[i] = list(p) + [o[0]]  # prefill produced output[0]
-            sampled[i] = [o[0]]
-        if not running:
-            break
-        ids = list(running)
-        rng.shuffle(ids)
-        table = np.zeros((len(ids), MAX_LEN), np.int32)
-        nt = np.zeros(len(ids), np.int32)
-        for r, i in enumerate(ids):
-            table[r, : len(running[i])] = running[i]
-            nt[r] = len(running[i])
-        drafts = driver.step([sampled[i] for i in ids], nt, table)
-        assert len(drafts) == len(ids)
-        for r, i in enumerate(ids):
-            d = drafts[r]
-            assert len(d) <= driver.kmax
-            p, o = reqs[i]
-            pos = len(running[i]) - len(p)
-            a = 0
-            while a < len(d) and pos + a < len(o) and d[a] == o[pos + a]:
-                a += 1
-            if d:
-                log[i].append((len(d), a))
-            new = o[pos : pos + a + 1]
-            running[i].extend(new)
-            sampled[i] = new
-            if len(running[i]) - len(p) >= len(o):
-                del running[i]
-    return log
+    return play_engine(driver, reqs, batch, order_seed=order_seed, max_len=MAX_LEN)
 
 
 def copy_request(seed: int, n: int = 120) -> tuple[list[int], list[int]]:
@@ -217,6 +178,24 @@ def test_rows_compacted_and_requests_recognised() -> None:
 def test_deterministic() -> None:
     reqs = [copy_request(s, 60) for s in range(3)] + [rejecting_request(0, 60)]
     assert play(make(("ngram", "suffix")), reqs, batch=2) == play(make(("ngram", "suffix")), reqs, batch=2)
+
+
+def test_vllm_ngram_kernel_probe_equals_speclab_index() -> None:
+    """The live n-gram probe runs vLLM's compiled lookup where vLLM imports; it must offer exactly what
+    speclab's incremental index offers, so whole runs (every draft, every decision) are identical."""
+    pytest.importorskip("vllm")
+    fast = make(("ngram", "suffix"), ngram_impl="vllm")
+    assert fast._kernel is not None
+    rng = np.random.default_rng(3)
+    reqs = [copy_request(s, 80) for s in range(4)] + [rejecting_request(1, 80)]
+    reqs += [(rng.integers(0, 6, 150).tolist(), rng.integers(0, 6, 60).tolist())]  # many short repeats
+    slow = make(("ngram", "suffix"), ngram_impl="python")
+    assert slow._kernel is None
+    for b in (1, 3):
+        assert play(fast, reqs, batch=b) == play(slow, reqs, batch=b)
+    assert fast.counts == slow.counts and fast.counts["ngram"] > 0
+    with pytest.raises(ConfigError, match="ngram_impl"):
+        make(ngram_impl="numba")
 
 
 def test_prefill_rows_and_limits() -> None:

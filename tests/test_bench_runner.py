@@ -427,6 +427,29 @@ def test_repeats_interleave_with_the_baseline_and_pair_up(tmp_path, fake_env, mo
     assert out2.skipped == 12 and out2.ok == 0 and len(ran(fake_env)) == n
 
 
+def test_restart_each_repeat_starts_every_engine_anew_per_round(tmp_path, fake_env):
+    spec, _ = spec_of(
+        REPEATS_SWEEP.replace("repeats = 3", "repeats = 3\nrestart_each_repeat = true"), tmp_path
+    )
+    assert spec.restart_each_repeat is True and spec.to_dict()["restart_each_repeat"] is True
+    run = tmp_path / "run"
+    out = run_sweep(spec, run, fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
+    assert out.failed == 0 and out.ok == 12 * 3
+    # three rounds, each engine started once per round, each round's starts before its units
+    lines = [ln for ln in fake_env.read_text().splitlines() if ln.startswith(("start", "ran "))]
+    starts = [ln for ln in lines if ln.startswith("start")]
+    assert starts == [f"start {m} max_num_seqs=16" for m in ("none", "ngram", "draft_model")] * 3
+    # the second round's first start comes after the first round's 12 units
+    fourth = [i for i, ln in enumerate(lines) if ln.startswith("start")][3]
+    assert sum(ln.startswith("ran ") for ln in lines[:fourth]) == 12
+    order = ran(fake_env)
+    assert all("#r" not in u for u in order[:12]) and all(u.endswith("#r3") for u in order[24:])
+    rows = load_rows(run)
+    assert all(r["repeats"] == 3 and [x["repeat"] for x in r["runs"]] == [1, 2, 3] for r in rows)
+    with pytest.raises(ConfigError, match="restart_each_repeat"):
+        spec_of(REPEATS_SWEEP.replace("repeats = 3", "repeats = 3\nrestart_each_repeat = 1"), tmp_path)
+
+
 def test_repeats_resume_at_the_repeat_where_the_run_died(tmp_path, fake_env):
     spec, _ = spec_of(REPEATS_SWEEP, tmp_path)
     run = tmp_path / "run"

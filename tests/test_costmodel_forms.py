@@ -247,3 +247,43 @@ def test_table_form_fit_load_and_lookup(tmp_path: Path) -> None:
     p.write_text(good.replace('form = "table"', 'form = "piecewise"'))
     with pytest.raises(ConfigError, match="only with form"):
         get_cost_model(str(p))
+
+
+def test_engine_offsets_divided_out_of_a_run_directory(tmp_path: Path) -> None:
+    """Two engine processes of one run, the second 25% slower at everything; only the first ran the wide
+    verify shape. Pooled, the table's 1-token entry mixes both engines and the 4-token step looks cheaper
+    than it is relative to decode; with the offsets divided out, the table keeps the first engine's shape."""
+    rng = np.random.default_rng(0)
+    shape = {1: 0.030, 4: 0.029, 16: 0.048}  # the CPU's non-monotone forward (seconds at kv = 0)
+
+    def rows(factor: float, counts: dict[int, int]) -> list[tuple]:
+        out = []
+        for bt, n in counts.items():
+            for _ in range(n):
+                t = shape[bt] * factor * float(rng.normal(1.0, 0.003))
+                out += [("target", 0, bt, bt - 1, 1, t), ("overhead", 0, bt, bt - 1, 1, 1e-3 * factor)]
+        return out
+
+    run = tmp_path / "run"
+    fast, slow = (run / "engines" / e / "attempt-1" for e in ("spec-a", "none-b"))
+    fast.mkdir(parents=True)
+    slow.mkdir(parents=True)
+    append_timings(fast / "timings.csv", rows(1.0, {1: 40, 4: 60, 16: 30}))
+    append_timings(slow / "timings.csv", rows(1.25, {1: 200, 16: 30}))
+    m, rep = fit_cost_model_report(run, target_form="table")
+    f = rep.engine_factors
+    assert len(f) == 2 and "engine offsets divided out" in " ".join(rep.notes)
+    assert f[str(slow / "timings.csv")] / f[str(fast / "timings.csv")] == pytest.approx(1.25, rel=0.01)
+    table = dict(m.target.table)
+    assert table[4] / table[1] == pytest.approx(0.029 / 0.030, rel=0.01)
+    assert table[16] / table[1] == pytest.approx(0.048 / 0.030, rel=0.01)
+    # pooled (offsets kept), the 1-token entry is the slow engine's: the 4-token step looks 20% cheaper
+    pooled, rep2 = fit_cost_model_report(run, target_form="table", engine_offsets=False)
+    assert not rep2.engine_factors
+    assert dict(pooled.target.table)[4] / dict(pooled.target.table)[1] < 0.8
+    # several sources, and a directory without timings refused with its name
+    both, _ = fit_cost_model_report([fast / "timings.csv", slow / "timings.csv"], target_form="table")
+    assert dict(both.target.table)[4] == pytest.approx(table[4], rel=1e-9)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="empty"):
+        fit_cost_model_report(tmp_path / "empty")

@@ -14,6 +14,7 @@ the batch sizes and how a batch is formed, the prompt count, max tokens and seed
     max_tokens = 64
     seed = 42
     repeats = 1                      # measure each cell N times, interleaved with its baseline (bench.md)
+    restart_each_repeat = false      # start every engine anew for each round of repeats (bench.md)
 
     [engine]                         # optional engine settings
     max_model_len = 2048
@@ -82,6 +83,7 @@ TOP_KEYS = {
     "methods",
     "workload_sources",
     "repeats",
+    "restart_each_repeat",
     "server",
 }
 ENGINE_KEYS = {"max_model_len", "enforce_eager", "kv_cache_gib", "llm_kwargs", "max_num_seqs"}
@@ -138,6 +140,10 @@ class SweepSpec:
     # times each cell is measured, interleaved with its baseline; not part of cell ids (adding repeats to a
     # run measures only the missing ones)
     repeats: int = 1
+    # with repeats > 1: every engine is stopped after each round of repeats and started anew for the next,
+    # so a persistent per-engine speed offset (5-30% between start-ups on the CPU) varies across repeats
+    # instead of biasing one entry
+    restart_each_repeat: bool = False
     # server mode (`speclab bench SWEEP --server`): the loads each engine is served at (speclab.server.spec)
     server: ServerSpec | None = None
 
@@ -163,6 +169,7 @@ class SweepSpec:
             "max_prompt_tokens": self.max_prompt_tokens,
             "seed": self.seed,
             "repeats": self.repeats,
+            "restart_each_repeat": self.restart_each_repeat,
             "engine": {
                 "max_model_len": self.max_model_len,
                 "enforce_eager": self.enforce_eager,
@@ -316,6 +323,9 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
     max_tokens = _int(data.get("max_tokens", 128), f"{src}: field max_tokens", 1)
     seed = _int(data.get("seed", 42), f"{src}: field seed", 0)
     repeats = _int(data.get("repeats", 1), f"{src}: field repeats", 1)
+    restart_each_repeat = data.get("restart_each_repeat", False)
+    if not isinstance(restart_each_repeat, bool):
+        raise ConfigError(f"{src}: field restart_each_repeat: expected true or false")
 
     engine = data.get("engine", {})
     if not isinstance(engine, dict):
@@ -404,6 +414,7 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
         max_tokens=max_tokens,
         seed=seed,
         repeats=repeats,
+        restart_each_repeat=restart_each_repeat,
         methods=methods,
         max_model_len=max_model_len,
         max_prompt_tokens=max_prompt_tokens,

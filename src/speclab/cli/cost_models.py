@@ -32,7 +32,7 @@ def show_cmd(name: str) -> None:
 
 
 @command.command(name="fit")
-@click.argument("timings", type=click.Path(dir_okay=False))
+@click.argument("timings", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option(
     "--out", "out", required=True, type=click.Path(dir_okay=False), help="Cost model TOML to write."
 )
@@ -60,19 +60,42 @@ def show_cmd(name: str) -> None:
     "(weights-bound below, compute-bound above; fitted on decode/verify rows); or table: piecewise plus "
     "the measured time of each batched-token count seen in >= 20 rows (CPU kernels are not monotone).",
 )
+@click.option(
+    "--engine-offsets/--no-engine-offsets",
+    default=True,
+    show_default=True,
+    help="With rows from several engine processes (a run directory, or several files): estimate each "
+    "engine's persistent speed offset on the forwards they share and divide it out before fitting.",
+)
 def fit_cmd(
-    timings: str, out: str, name: str | None, draft_form: str, overhead_form: str, target_form: str
+    timings: tuple[str, ...],
+    out: str,
+    name: str | None,
+    draft_form: str,
+    overhead_form: str,
+    target_form: str,
+    engine_offsets: bool,
 ) -> None:
-    """Fit the study's cost-model form to TIMINGS.csv by least squares."""
+    """Fit the study's cost-model form by least squares to TIMINGS: timings CSVs or bench run directories
+    (a run directory gives each engine's own timings, so per-engine offsets can be divided out)."""
     from speclab.atomic import atomic_write_text
     from speclab.costmodel.fit import fit_cost_model_report
 
     model, rep = fit_cost_model_report(
-        timings, name=name, draft_form=draft_form, overhead_form=overhead_form, target_form=target_form
+        list(timings),
+        name=name,
+        draft_form=draft_form,
+        overhead_form=overhead_form,
+        target_form=target_form,
+        engine_offsets=engine_offsets,
     )
-    header = "# fitted by `speclab cost-models fit`; rows and R^2 per kind:\n" + "".join(
-        f"#   {k}: {rep.rows.get(k, 0)} rows" + (f", R^2 {rep.r2[k]:.4f}" if k in rep.r2 else "") + "\n"
-        for k in sorted(rep.rows)
+    header = (
+        "# fitted by `speclab cost-models fit`; rows and R^2 per kind:\n"
+        + "".join(
+            f"#   {k}: {rep.rows.get(k, 0)} rows" + (f", R^2 {rep.r2[k]:.4f}" if k in rep.r2 else "") + "\n"
+            for k in sorted(rep.rows)
+        )
+        + "".join(f"#   engine factor {v:.4f}: {f}\n" for f, v in rep.engine_factors.items())
     )
     atomic_write_text(out, model.to_toml(header))
     for n in rep.notes:

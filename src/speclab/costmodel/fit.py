@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -30,13 +32,70 @@ class FitReport:
     rows: dict[str, int] = field(default_factory=dict)
     r2: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    engine_factors: dict[str, float] = field(default_factory=dict)  # per timings file, when divided out
 
 
-def _read_rows(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+def timings_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The timings CSVs behind PATH: the file itself, or for a bench run directory each engine process's
+    own file (engines/*/attempt-*/timings.csv), so rows keep the engine that measured them; a directory
+    without those falls back to its timings.csv."""
+    p = Path(path)
+    if not p.is_dir():
+        return [p]
+    found = sorted(p.glob("engines/*/attempt-*/timings.csv"))
+    if found:
+        return found
+    if (p / "timings.csv").is_file():
+        return [p / "timings.csv"]
+    raise ConfigError(f"{p}: no timings.csv and no engines/*/attempt-*/timings.csv under it")
+
+
+def _read_rows(
+    paths: Sequence[str | os.PathLike[str]],
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[str]]:
+    """Rows per kind (columns as TimingsRow.values), each row's group (index of the file it came from) and
+    the files' names."""
     by_kind: dict[str, list[tuple[float, ...]]] = {}
-    for row in read_timings(path):
-        by_kind.setdefault(row.kind, []).append(row.values)
-    return {k: np.asarray(v, dtype=np.float64) for k, v in by_kind.items()}
+    group: dict[str, list[int]] = {}
+    files = [f for p in paths for f in timings_files(p)]
+    for g, f in enumerate(files):
+        for row in read_timings(f):
+            by_kind.setdefault(row.kind, []).append(row.values)
+            group.setdefault(row.kind, []).append(g)
+    rows = {k: np.asarray(v, dtype=np.float64) for k, v in by_kind.items()}
+    groups = {k: np.asarray(v, dtype=np.int64) for k, v in group.items()}
+    return rows, groups, [str(f) for f in files]
+
+
+def engine_factors(
+    group: np.ndarray, key: np.ndarray, sec: np.ndarray, n_groups: int, iterations: int = 30
+) -> np.ndarray:
+    """Per-engine speed factors from decode/verify forwards: sec ~ factor[engine] * g[key], where key is
+    the step's shape (batched tokens, requests). Engines of one run on one machine differ by a persistent
+    5-30% in the same forward (docs/adaptive.md, "Engines differ"); pooled, the engines that happen to run
+    the drafting shapes bias the table. Alternating medians (robust to preempted steps); the factors are
+    scaled so that the median engine is 1. An engine with no shape shared with another keeps 1."""
+    f = np.ones(n_groups)
+    keys, kidx = np.unique(key, return_inverse=True)
+    kidx = kidx.reshape(-1)
+    # shapes measured by more than one engine are what ties the engines' factors together
+    pairs = np.unique(np.column_stack([kidx, group]), axis=0)
+    shared = np.bincount(pairs[:, 0], minlength=len(keys)) > 1
+    use = shared[kidx]
+    members = [np.flatnonzero(kidx == j) for j in range(len(keys))]
+    own = [np.flatnonzero((group == e) & use) for e in range(n_groups)]
+    present = np.unique(group)
+    for _ in range(iterations):
+        adj = sec / f[group]
+        g = np.array([np.median(adj[ix]) for ix in members])
+        ratio = sec / g[kidx]
+        new = np.array([float(np.median(ratio[ix])) if len(ix) else 1.0 for ix in own])
+        new /= float(np.median(new[present]))
+        done = np.allclose(new, f, rtol=1e-6)
+        f = new
+        if done:
+            break
+    return f
 
 
 def _lstsq(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, float]:
@@ -149,37 +208,60 @@ def fit_table(
     return TableTargetCost(**dataclasses.asdict(smooth), table=table)
 
 
-def fit_cost_model(
-    csv_path: str | os.PathLike[str], name: str | None = None, draft_form: str = "linear"
-) -> CostModel:
+TimingsSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+
+def fit_cost_model(csv_path: TimingsSource, name: str | None = None, draft_form: str = "linear") -> CostModel:
     """Least-squares fit of the study's form. draft_form: "linear" (study), "chained" or "forwards" for model
     proposers; lookup proposers (ngram, suffix) are fitted as a fraction of the predicted verify time."""
     return fit_cost_model_report(csv_path, name, draft_form)[0]
 
 
 def fit_cost_model_report(
-    csv_path: str | os.PathLike[str],
+    csv_path: TimingsSource,
     name: str | None = None,
     draft_form: str = "linear",
     overhead_form: str = "mean",
     target_form: str = "linear",
+    engine_offsets: bool = True,
 ) -> tuple[CostModel, FitReport]:
     """As fit_cost_model; overhead_form "mean" (the study's constant per step) or "linear" (a constant plus a
     share per scheduled request and per verified draft token, fit_overhead_linear); target_form "linear"
     (the study's, on every target row), "piecewise" (speclab.costmodel.forms, on the decode and verify
     rows only: a prefill's attention over its prompt is not linear in its tokens, and the piecewise form is
     for what a proposer decides, the decode and verify steps) or "table" (piecewise plus the median time of
-    each batched-token count seen often enough, fit_table)."""
+    each batched-token count seen often enough, fit_table).
+
+    csv_path: a timings CSV, a bench run directory (each engine's own file) or a list of them. With rows
+    from more than one engine process and engine_offsets, each engine's persistent speed offset is
+    estimated on the decode/verify forwards (engine_factors) and divided out of all its rows first."""
     if target_form not in TARGET_FORMS:
         raise ConfigError(f"target form {target_form!r}: use {' or '.join(TARGET_FORMS)}")
     if draft_form not in ("linear", "chained", "forwards"):
         raise ConfigError(f"draft form {draft_form!r}: use linear, chained or forwards")
     if overhead_form not in ("mean", "linear"):
         raise ConfigError(f"overhead form {overhead_form!r}: use mean or linear")
-    data = _read_rows(csv_path)
+    paths = [csv_path] if isinstance(csv_path, (str, os.PathLike)) else list(csv_path)
+    if not paths:
+        raise ConfigError("timings: no file or run directory given")
+    data, groups, files = _read_rows(paths)
     rep = FitReport(rows={k: len(v) for k, v in data.items()})
+    where = ", ".join(str(p) for p in paths)
     if "target" not in data:
-        raise ConfigError(f"{csv_path}: no rows of kind 'target'; cannot fit the target forward cost")
+        raise ConfigError(f"{where}: no rows of kind 'target'; cannot fit the target forward cost")
+    if engine_offsets and len(files) > 1:
+        t = data["target"]
+        dec = t[:, 1] == t[:, 3] + t[:, 2]
+        if dec.sum() >= 4:
+            key = t[dec, 1] * 100_000 + t[dec, 3]  # the step's shape: (batched tokens, requests)
+            fac = engine_factors(groups["target"][dec], key, t[dec, 4], len(files))
+            for kind, rows in data.items():
+                rows[:, 4] = rows[:, 4] / fac[groups[kind]]
+            rep.engine_factors = {f: float(x) for f, x in zip(files, fac, strict=True)}
+            rep.notes.append(
+                f"engine offsets divided out: {len(files)} engine files, factors "
+                f"{fac.min():.3f}-{fac.max():.3f} (median engine = 1)"
+            )
     t = data["target"]
     kv, bt, ns, nr, sec = (t[:, i] for i in range(5))
     if target_form == "linear":
@@ -189,7 +271,7 @@ def fit_cost_model_report(
         dec = bt == nr + ns  # decode/verify: one token per request plus its drafts, no prompt tokens
         if dec.sum() < 4:
             raise ConfigError(
-                f"{csv_path}: {int(dec.sum())} decode/verify target row(s); the piecewise form needs at least 4"
+                f"{where}: {int(dec.sum())} decode/verify target row(s); the piecewise form needs at least 4"
             )
         kv, bt, sec = kv[dec], bt[dec], sec[dec]
         target = fit_piecewise(kv, bt, sec)
@@ -249,9 +331,10 @@ def fit_cost_model_report(
             "(too few or too narrow timings?)"
         )
     model = CostModel(
-        name=name or os.path.splitext(os.path.basename(str(csv_path)))[0],
-        description=f"fitted by least squares from {os.path.basename(str(csv_path))}",
-        source=str(csv_path),
+        name=name or os.path.splitext(os.path.basename(os.path.normpath(str(paths[0]))))[0],
+        description="fitted by least squares from "
+        + ", ".join(os.path.basename(os.path.normpath(str(p))) for p in paths),
+        source=where,
         target=target,
         draft=drafts,
         overhead_per_step=overhead,
@@ -259,4 +342,4 @@ def fit_cost_model_report(
         overhead_per_request=per_request,
         overhead_per_spec_token=per_spec,
     )
-    return model.validate(f"cost model fitted from {csv_path}"), rep
+    return model.validate(f"cost model fitted from {where}"), rep

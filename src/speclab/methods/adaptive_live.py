@@ -47,6 +47,21 @@ WINDOW = RATE_WINDOW  # positions of hindsight kept per request (what the rule r
 _CAPACITY = 256  # initial size of the policy's per-request arrays (slots are recycled)
 
 
+def vllm_ngram_kernel() -> Callable[..., np.ndarray] | None:
+    """vLLM's own compiled n-gram lookup (numba; `_find_longest_matched_ngram_and_propose_tokens` in
+    v1/spec_decode/ngram_proposer.py: the rule speclab.methods.ngram restates), compiled once here; None
+    where that vLLM is not importable. One call scans the whole context in a few microseconds, which is
+    cheaper than keeping a Python index of every prompt (~0.9 ms per 230-token prompt)."""
+    try:
+        from vllm.v1.spec_decode.ngram_proposer import (
+            _find_longest_matched_ngram_and_propose_tokens as kernel,
+        )
+    except Exception:  # noqa: BLE001 - any import failure means: use speclab's own index
+        return None
+    kernel(np.array([1, 2, 3, 1, 2], dtype=np.int32), 2, 3, 64, 2)  # compile now, not in the first step
+    return kernel
+
+
 def ctx_key(ids: np.ndarray) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(ids, dtype=np.int32).tobytes(), digest_size=16).digest()
 
@@ -152,6 +167,7 @@ class AdaptiveDriver:
         policy: str = "adaptive",
         ngram: dict[str, Any] | None = None,
         suffix: dict[str, Any] | None = None,
+        ngram_impl: str = "auto",
     ) -> None:
         methods = tuple(methods)
         bad = [m for m in methods if m not in LIVE_METHODS]
@@ -197,6 +213,15 @@ class AdaptiveDriver:
                 )
             if o:
                 raise ConfigError(f"adaptive proposer: unknown ngram option(s): {', '.join(sorted(o))}")
+            if ngram_impl not in ("auto", "vllm", "python"):
+                raise ConfigError(f"adaptive proposer: ngram_impl {ngram_impl!r}: use auto, vllm or python")
+            self._kernel = vllm_ngram_kernel() if ngram_impl != "python" else None
+            if ngram_impl == "vllm" and self._kernel is None:
+                raise ConfigError(
+                    "adaptive proposer: ngram_impl 'vllm' but vLLM's n-gram kernel cannot be imported"
+                )
+            # the kernel takes an int limit; no limit = larger than any context
+            self._mml = max_model_len if max_model_len is not None else 2**31 - 1
             self.probes["ngram"] = self._probe_ngram
         if "suffix" in methods:
             from speclab.methods.suffix import SuffixSpeculator, suffix_options
@@ -209,6 +234,8 @@ class AdaptiveDriver:
 
     # --- probes ---------------------------------------------------------------------------------------
     def _probe_ngram(self, req: _Request, row: np.ndarray, sampled: Sequence[int], n: int) -> list[int]:
+        if self._kernel is not None:
+            return self._kernel(row[:n], self.min_n, self.max_n, self._mml, self.kmax).tolist()
         if req.ngram is None:
             req.ngram = IncrementalNgram(self.min_n, self.max_n, self.max_model_len)
         g = req.ngram
@@ -226,7 +253,10 @@ class AdaptiveDriver:
     def _probe_prompt(self, req: _Request, row: np.ndarray, plen: int) -> None:
         """A new request's position 0 (context = the prompt; its token came from prefill): what each probe
         would have drafted there, so hindsight starts at position 0 as in a replayed trace."""
-        if "ngram" in self.probes:
+        if "ngram" in self.probes and self._kernel is not None:
+            d0 = self._kernel(row[:plen], self.min_n, self.max_n, self._mml, self.kmax).tolist()
+            req.hist["ngram"].last = (0, d0)
+        elif "ngram" in self.probes:
             req.ngram = IncrementalNgram(self.min_n, self.max_n, self.max_model_len)
             req.ngram.extend(row[:plen].tolist())
             req.hist["ngram"].last = (0, req.ngram.propose(self.kmax))
@@ -375,3 +405,63 @@ class AdaptiveDriver:
         )
         view.one_batch = True
         return view
+
+
+def play_engine(
+    driver: AdaptiveDriver,
+    reqs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    batch: int,
+    order_seed: int = 0,
+    max_len: int = 4096,
+    timer: list[float] | None = None,
+) -> dict[int, list[tuple[int, int]]]:
+    """Play vLLM around the driver, offline: requests (prompt, greedy target output) under continuous
+    batching, at most `batch` running; rows are shuffled every step (vLLM compacts them); a row commits its
+    accepted drafts plus one token. Returns per request the (drafted, accepted) of its steps that drafted.
+    `timer`, if given, receives the seconds of every driver.step call (for benchmarks/bench_adaptive_driver.py).
+    Used by the tests and the driver benchmark; no engine needed."""
+    import time
+
+    rng = np.random.default_rng(order_seed)
+    waiting = list(range(len(reqs)))
+    running: dict[int, list[int]] = {}  # request -> committed tokens so far (prompt + output)
+    sampled: dict[int, list[int]] = {}
+    log: dict[int, list[tuple[int, int]]] = {i: [] for i in range(len(reqs))}
+    while True:
+        while waiting and len(running) < batch:
+            i = waiting.pop(0)
+            p, o = reqs[i]
+            running[i] = [*p, o[0]]  # prefill produced output[0]
+            sampled[i] = [o[0]]
+        if not running:
+            break
+        ids = list(running)
+        rng.shuffle(ids)
+        table = np.zeros((len(ids), max_len), np.int32)
+        nt = np.zeros(len(ids), np.int32)
+        for r, i in enumerate(ids):
+            table[r, : len(running[i])] = running[i]
+            nt[r] = len(running[i])
+        t0 = time.perf_counter()
+        drafts = driver.step([sampled[i] for i in ids], nt, table)
+        if timer is not None:
+            timer.append(time.perf_counter() - t0)
+        if len(drafts) != len(ids):
+            raise AssertionError(f"driver returned {len(drafts)} drafts for {len(ids)} rows")
+        for r, i in enumerate(ids):
+            d = drafts[r]
+            if len(d) > driver.kmax:
+                raise AssertionError(f"draft of {len(d)} > kmax {driver.kmax}")
+            p, o = reqs[i]
+            pos = len(running[i]) - len(p)
+            a = 0
+            while a < len(d) and pos + a < len(o) and d[a] == o[pos + a]:
+                a += 1
+            if d:
+                log[i].append((len(d), a))
+            new = list(o[pos : pos + a + 1])
+            running[i].extend(new)
+            sampled[i] = new
+            if len(running[i]) - len(p) >= len(o):
+                del running[i]
+    return log
