@@ -287,3 +287,27 @@ def test_engine_offsets_divided_out_of_a_run_directory(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="empty"):
         fit_cost_model_report(tmp_path / "empty")
+
+
+def test_engine_factors_compare_steps_at_like_kv() -> None:
+    """Two equally fast engines meet the same (tokens, requests) shape at different KV (one on long prompts,
+    one on short): compared within KV bins they get the same factor; a third, 20% slower engine that meets
+    both is still found."""
+    from speclab.costmodel.fit import engine_factors, step_shape
+
+    rng = np.random.default_rng(1)
+    kv_lo, kv_hi = rng.integers(1000, 1200, 60), rng.integers(3500, 4000, 60)
+
+    def t(kv: np.ndarray, f: float) -> np.ndarray:
+        return f * (0.045 + 3e-6 * kv) * rng.normal(1.0, 0.002, len(kv))
+
+    kv = np.concatenate([kv_lo, kv_hi, kv_lo, kv_hi])
+    sec = np.concatenate([t(kv_lo, 1.0), t(kv_hi, 1.0), t(kv_lo, 1.2), t(kv_hi, 1.2)])
+    group = np.repeat([0, 1, 2, 2], 60)
+    bt = np.full(len(kv), 16.0)
+    f = engine_factors(group, step_shape(kv.astype(float), bt, bt), sec, 3)
+    assert f[0] == pytest.approx(f[1], rel=0.01)
+    assert f[2] / f[0] == pytest.approx(1.2, rel=0.01)
+    # the shape alone would call the long-prompt engine ~17% slower
+    naive = engine_factors(group, bt * 1000 + bt, sec, 3)
+    assert naive[1] / naive[0] > 1.1

@@ -67,11 +67,23 @@ def _read_rows(
     return rows, groups, [str(f) for f in files]
 
 
+KV_BIN = 1.25  # KV tokens within a factor of this count as one step shape for engine_factors
+
+
+def step_shape(kv: np.ndarray, batched: np.ndarray, requests: np.ndarray) -> np.ndarray:
+    """An integer per (batched tokens, requests, KV bin): steps that engines can be compared on. The KV bin
+    matters: one engine may meet a shape mostly on long prompts and another mostly on short ones (seen: the
+    no-SD engine's 16-token steps at B = 16 had 3.3x the KV of the drafting engines', as those drafted at
+    almost every code-edit step), which without it reads as a 10-20% slower engine."""
+    kvb = np.floor(np.log(np.maximum(kv, 0.0) + 64.0) / np.log(KV_BIN)).astype(np.int64)
+    return (batched.astype(np.int64) * 1_000 + requests.astype(np.int64)) * 1_000 + kvb
+
+
 def engine_factors(
     group: np.ndarray, key: np.ndarray, sec: np.ndarray, n_groups: int, iterations: int = 30
 ) -> np.ndarray:
     """Per-engine speed factors from decode/verify forwards: sec ~ factor[engine] * g[key], where key is
-    the step's shape (batched tokens, requests). Engines of one run on one machine differ by a persistent
+    the step's shape (step_shape: batched tokens, requests, KV bin). Engines of one run on one machine differ by a persistent
     5-30% in the same forward (docs/adaptive.md, "Engines differ"); pooled, the engines that happen to run
     the drafting shapes bias the table. Alternating medians (robust to preempted steps); the factors are
     scaled so that the median engine is 1. An engine with no shape shared with another keeps 1."""
@@ -253,7 +265,7 @@ def fit_cost_model_report(
         t = data["target"]
         dec = t[:, 1] == t[:, 3] + t[:, 2]
         if dec.sum() >= 4:
-            key = t[dec, 1] * 100_000 + t[dec, 3]  # the step's shape: (batched tokens, requests)
+            key = step_shape(t[dec, 0], t[dec, 1], t[dec, 3])
             fac = engine_factors(groups["target"][dec], key, t[dec, 4], len(files))
             for kind, rows in data.items():
                 rows[:, 4] = rows[:, 4] / fac[groups[kind]]
