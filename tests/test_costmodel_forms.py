@@ -311,3 +311,19 @@ def test_engine_factors_compare_steps_at_like_kv() -> None:
     # the shape alone would call the long-prompt engine ~17% slower
     naive = engine_factors(group, bt * 1000 + bt, sec, 3)
     assert naive[1] / naive[0] > 1.1
+
+
+def test_bench_show_reports_engine_startup_factors(tmp_path: Path) -> None:
+    from speclab.bench.show import startup_note
+
+    rng = np.random.default_rng(2)
+    run = tmp_path / "run"
+    for name, f in (("none-aa/attempt-1", 1.0), ("none-aa/attempt-2", 1.1), ("ngram-k3-bb/attempt-1", 1.0)):
+        d = run / "engines" / name
+        d.mkdir(parents=True)
+        rows = [("target", 500, 1, 0, 1, f * 0.03 * float(rng.normal(1, 0.001))) for _ in range(30)]
+        append_timings(d / "timings.csv", rows)
+    note = startup_note(run)
+    assert note is not None and note.startswith("3;") and "at 1.00-1.10x the median" in note
+    assert "widest within one entry: none 1.00 / 1.10" in note
+    assert startup_note(tmp_path) is None  # no engines: nothing to say

@@ -183,7 +183,47 @@ def format_run(run_dir: str | Path) -> str:
     if exact:
         n = sum(1 for r in exact if r["lossless"])
         parts += ["", f"token-exact vs no-SD: {n}/{len(exact)} SD cells"]
+    spread = startup_note(rd)
+    if spread:
+        parts += ["", f"engine start-ups: {spread}"]
     return "\n".join(parts)
+
+
+def startup_note(run_dir: Path) -> str | None:
+    """How fast each engine start-up of the run ran the same forwards, relative to the median start-up
+    (speclab.costmodel.fit.engine_factors on the profiled decode/verify steps, compared at like tokens,
+    requests and KV): the noise floor of the run's speedups where engines were started more than once, or
+    the offset each entry carries where they were not. None with fewer than two engine processes."""
+    from speclab.costmodel.fit import _read_rows, engine_factors, step_shape
+
+    files = sorted(run_dir.glob("engines/*/attempt-*/timings.csv"))
+    if len(files) < 2:
+        return None
+    try:
+        data, groups, names = _read_rows([run_dir])
+    except Exception:  # noqa: BLE001 - a torn or foreign timings file: say nothing rather than fail `show`
+        return None
+    t = data.get("target")
+    if t is None:
+        return None
+    dec = t[:, 1] == t[:, 3] + t[:, 2]
+    if dec.sum() < 4:
+        return None
+    fac = engine_factors(
+        groups["target"][dec], step_shape(t[dec, 0], t[dec, 1], t[dec, 3]), t[dec, 4], len(names)
+    )
+    by_entry: dict[str, list[float]] = {}
+    for name, f in zip(names, fac, strict=True):
+        entry = Path(name).parent.parent.name.rsplit("-", 1)[0]
+        by_entry.setdefault(entry, []).append(float(f))
+    widest = max(by_entry.items(), key=lambda kv: max(kv[1]) - min(kv[1]))
+    text = (
+        f"{len(names)}; each ran the same forwards at {fac.min():.2f}-{fac.max():.2f}x the median start-up's "
+        "time (an entry whose engine started once carries its start-up's factor in every repeat)"
+    )
+    if len(widest[1]) > 1:
+        text += f"; widest within one entry: {widest[0]} {' / '.join(f'{x:.2f}' for x in widest[1])}"
+    return text
 
 
 def contention_note(rows: list[dict[str, Any]]) -> str | None:
