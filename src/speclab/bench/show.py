@@ -194,24 +194,17 @@ def startup_note(run_dir: Path) -> str | None:
     (speclab.costmodel.fit.engine_factors on the profiled decode/verify steps, compared at like tokens,
     requests and KV): the noise floor of the run's speedups where engines were started more than once, or
     the offset each entry carries where they were not. None with fewer than two engine processes."""
-    from speclab.costmodel.fit import _read_rows, engine_factors, step_shape
+    from speclab.costmodel.fit import files_engine_factors, read_timing_groups
 
-    files = sorted(run_dir.glob("engines/*/attempt-*/timings.csv"))
-    if len(files) < 2:
+    if not any(run_dir.glob("engines/*/attempt-*/timings.csv")):
         return None
     try:
-        data, groups, names = _read_rows([run_dir])
+        data, groups, names = read_timing_groups([run_dir])
     except Exception:  # noqa: BLE001 - a torn or foreign timings file: say nothing rather than fail `show`
         return None
-    t = data.get("target")
-    if t is None:
+    fac = files_engine_factors(data, groups, len(names)) if len(names) > 1 else None
+    if fac is None:
         return None
-    dec = t[:, 1] == t[:, 3] + t[:, 2]
-    if dec.sum() < 4:
-        return None
-    fac = engine_factors(
-        groups["target"][dec], step_shape(t[dec, 0], t[dec, 1], t[dec, 3]), t[dec, 4], len(names)
-    )
     by_entry: dict[str, list[float]] = {}
     for name, f in zip(names, fac, strict=True):
         entry = Path(name).parent.parent.name.rsplit("-", 1)[0]

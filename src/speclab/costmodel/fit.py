@@ -50,7 +50,7 @@ def timings_files(path: str | os.PathLike[str]) -> list[Path]:
     raise ConfigError(f"{p}: no timings.csv and no engines/*/attempt-*/timings.csv under it")
 
 
-def _read_rows(
+def read_timing_groups(
     paths: Sequence[str | os.PathLike[str]],
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[str]]:
     """Rows per kind (columns as TimingsRow.values), each row's group (index of the file it came from) and
@@ -83,8 +83,8 @@ def engine_factors(
     group: np.ndarray, key: np.ndarray, sec: np.ndarray, n_groups: int, iterations: int = 30
 ) -> np.ndarray:
     """Per-engine speed factors from decode/verify forwards: sec ~ factor[engine] * g[key], where key is
-    the step's shape (step_shape: batched tokens, requests, KV bin). Engines of one run on one machine differ by a persistent
-    5-30% in the same forward (docs/adaptive.md, "Engines differ"); pooled, the engines that happen to run
+    the step's shape (step_shape: batched tokens, requests, KV bin). Engines of one run on one machine
+    differ by a persistent 5-30% in the same forward (docs/adaptive.md, "Engines differ"); pooled, the engines that happen to run
     the drafting shapes bias the table. Alternating medians (robust to preempted steps); the factors are
     scaled so that the median engine is 1. An engine with no shape shared with another keeps 1."""
     f = np.ones(n_groups)
@@ -108,6 +108,21 @@ def engine_factors(
         if done:
             break
     return f
+
+
+def files_engine_factors(
+    data: dict[str, np.ndarray], groups: dict[str, np.ndarray], n_files: int
+) -> np.ndarray | None:
+    """engine_factors for rows read by read_timing_groups (one engine process per file), on their decode/verify
+    target forwards; None where there are too few of those."""
+    t = data.get("target")
+    if t is None:
+        return None
+    dec = t[:, 1] == t[:, 3] + t[:, 2]
+    if dec.sum() < 4:
+        return None
+    shape = step_shape(t[dec, 0], t[dec, 1], t[dec, 3])
+    return engine_factors(groups["target"][dec], shape, t[dec, 4], n_files)
 
 
 def _lstsq(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, float]:
@@ -256,24 +271,20 @@ def fit_cost_model_report(
     paths = [csv_path] if isinstance(csv_path, (str, os.PathLike)) else list(csv_path)
     if not paths:
         raise ConfigError("timings: no file or run directory given")
-    data, groups, files = _read_rows(paths)
+    data, groups, files = read_timing_groups(paths)
     rep = FitReport(rows={k: len(v) for k, v in data.items()})
     where = ", ".join(str(p) for p in paths)
     if "target" not in data:
         raise ConfigError(f"{where}: no rows of kind 'target'; cannot fit the target forward cost")
-    if engine_offsets and len(files) > 1:
-        t = data["target"]
-        dec = t[:, 1] == t[:, 3] + t[:, 2]
-        if dec.sum() >= 4:
-            key = step_shape(t[dec, 0], t[dec, 1], t[dec, 3])
-            fac = engine_factors(groups["target"][dec], key, t[dec, 4], len(files))
-            for kind, rows in data.items():
-                rows[:, 4] = rows[:, 4] / fac[groups[kind]]
-            rep.engine_factors = {f: float(x) for f, x in zip(files, fac, strict=True)}
-            rep.notes.append(
-                f"engine offsets divided out: {len(files)} engine files, factors "
-                f"{fac.min():.3f}-{fac.max():.3f} (median engine = 1)"
-            )
+    fac = files_engine_factors(data, groups, len(files)) if engine_offsets and len(files) > 1 else None
+    if fac is not None:
+        for kind, rows in data.items():
+            rows[:, 4] = rows[:, 4] / fac[groups[kind]]
+        rep.engine_factors = {f: float(x) for f, x in zip(files, fac, strict=True)}
+        rep.notes.append(
+            f"engine offsets divided out: {len(files)} engine files, factors "
+            f"{fac.min():.3f}-{fac.max():.3f} (median engine = 1)"
+        )
     t = data["target"]
     kv, bt, ns, nr, sec = (t[:, i] for i in range(5))
     if target_form == "linear":
