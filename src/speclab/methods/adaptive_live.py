@@ -10,7 +10,8 @@ that view from observable signals only:
 - request identity: a row is recognised by a hash of the context it had at the previous call (as the suffix
   adapter does); a context seen for the first time is a new request (its prompt = context before this
   step's tokens);
-- the probes: both model-free proposers (speclab's n-gram and suffix code) run on every decoding row every
+- the probes: both model-free proposers (n-gram: vLLM's own compiled lookup where vLLM imports, else
+  speclab's index; suffix: speclab's driver of arctic-inference's cache) run on every decoding row every
   step, with up to KMAX drafts, whatever is chosen; their drafts now are the current offers
   (`StepView.num_proposed`), and their drafts at earlier positions, checked against the output known now,
   are the hindsight (`StepView.hindsight` / `past_offers`);
