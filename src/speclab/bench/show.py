@@ -196,11 +196,9 @@ def startup_note(run_dir: Path) -> str | None:
     the offset each entry carries where they were not. None with fewer than two engine processes."""
     from speclab.costmodel.fit import files_engine_factors, read_timing_groups
 
-    if not any(run_dir.glob("engines/*/attempt-*/timings.csv")):
-        return None
     try:
         data, groups, names = read_timing_groups([run_dir])
-    except Exception:  # noqa: BLE001 - a torn or foreign timings file: say nothing rather than fail `show`
+    except Exception:  # noqa: BLE001 - no, torn or foreign timings files: say nothing rather than fail `show`
         return None
     fac = files_engine_factors(data, groups, len(names)) if len(names) > 1 else None
     if fac is None:

@@ -29,6 +29,7 @@ output known now, as in the simulator.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -205,6 +206,7 @@ class AdaptiveDriver:
         self._free: list[int] = []
         self._next_slot = 0
         self.probes: dict[str, Callable[[_Request, np.ndarray, Sequence[int], int], list[int]]] = {}
+        self._kernel: Callable[..., np.ndarray] | None = None  # vLLM's n-gram lookup, when used
         if "ngram" in methods:
             o = dict(ngram or {})
             self.min_n, self.max_n = int(o.pop("min_n", NGRAM_MIN_N)), int(o.pop("max_n", NGRAM_MAX_N))
@@ -234,9 +236,13 @@ class AdaptiveDriver:
         self.counts: dict[str, int] = dict.fromkeys(("off", *methods), 0)
 
     # --- probes ---------------------------------------------------------------------------------------
+    def _kernel_draft(self, context: np.ndarray) -> list[int]:
+        assert self._kernel is not None
+        return self._kernel(context, self.min_n, self.max_n, self._mml, self.kmax).tolist()
+
     def _probe_ngram(self, req: _Request, row: np.ndarray, sampled: Sequence[int], n: int) -> list[int]:
         if self._kernel is not None:
-            return self._kernel(row[:n], self.min_n, self.max_n, self._mml, self.kmax).tolist()
+            return self._kernel_draft(row[:n])
         if req.ngram is None:
             req.ngram = IncrementalNgram(self.min_n, self.max_n, self.max_model_len)
         g = req.ngram
@@ -255,8 +261,7 @@ class AdaptiveDriver:
         """A new request's position 0 (context = the prompt; its token came from prefill): what each probe
         would have drafted there, so hindsight starts at position 0 as in a replayed trace."""
         if "ngram" in self.probes and self._kernel is not None:
-            d0 = self._kernel(row[:plen], self.min_n, self.max_n, self._mml, self.kmax).tolist()
-            req.hist["ngram"].last = (0, d0)
+            req.hist["ngram"].last = (0, self._kernel_draft(row[:plen]))
         elif "ngram" in self.probes:
             req.ngram = IncrementalNgram(self.min_n, self.max_n, self.max_model_len)
             req.ngram.extend(row[:plen].tolist())
@@ -421,8 +426,6 @@ def play_engine(
     accepted drafts plus one token. Returns per request the (drafted, accepted) of its steps that drafted.
     `timer`, if given, receives the seconds of every driver.step call (for benchmarks/bench_adaptive_driver.py).
     Used by the tests and the driver benchmark; no engine needed."""
-    import time
-
     rng = np.random.default_rng(order_seed)
     waiting = list(range(len(reqs)))
     running: dict[int, list[int]] = {}  # request -> committed tokens so far (prompt + output)
