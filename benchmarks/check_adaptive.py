@@ -7,6 +7,10 @@ matched-pair ratios), the best static entry (every other SD label except vLLM's 
 entry (labels starting with "schedule"), and whether adaptive is >= both and >= 0.98x, and token-exact.
 Medians are the bench's own (repeat i of SD over repeat i of no SD). On a loaded machine the verdict is
 noise: run it on a quiet one (docs/bench.md, "Noise").
+
+`--startups` prints a second table beside the measured one: each pair's ratio with both engines' start-up
+speed factors divided out (`speclab.bench.show.startup_adjusted_speedup`; docs/adaptive.md, "Engines
+differ"). It is a model-based correction for reading the measured table, not a measurement.
 """
 
 from __future__ import annotations
@@ -25,6 +29,21 @@ def _fmt(r: dict[str, Any] | None) -> str:
     s = r.get("speedup_spread") or {}
     rng = f" [{s['min']:.2f}-{s['max']:.2f}]" if s.get("min") is not None else ""
     return f"{r['speedup']:.3f}x{rng}"
+
+
+def _adjusted(
+    rows: dict[str, dict[str, Any]], factors: dict[tuple[str, int | None], float]
+) -> dict[str, dict[str, Any]]:
+    """Copies of the SD rows whose speedup and spread are the start-up-adjusted ones (rows without factors
+    keep speedup None, so they show as "-")."""
+    from speclab.bench.show import startup_adjusted_speedup
+
+    out = {}
+    for cid, r in rows.items():
+        base = rows.get(r.get("baseline_cell_id") or "")
+        adj = startup_adjusted_speedup(r, base, factors) if base else None
+        out[cid] = {**r, "speedup": adj and adj["median"], "speedup_spread": adj}
+    return out
 
 
 def judge(rows: dict[str, dict[str, Any]], label: str = "adaptive") -> tuple[list[str], bool]:
@@ -59,10 +78,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run", type=Path)
     ap.add_argument("--label", default="adaptive")
+    ap.add_argument("--startups", action="store_true", help="also print start-up-adjusted speedups")
     a = ap.parse_args()
-    lines, ok = judge(parse_rows(a.run / "results.jsonl"), a.label)
+    rows = parse_rows(a.run / "results.jsonl")
+    lines, ok = judge(rows, a.label)
     print("\n".join(lines))
     print("all criteria met" if ok else "some criteria NOT met (see NO above)")
+    if a.startups:
+        from speclab.bench.show import startup_factors
+
+        factors = startup_factors(a.run)
+        lines, ok = judge(_adjusted(rows, factors), a.label)
+        print("\nWith each engine start-up's speed factor divided out (model-based; not a measurement):")
+        print("\n".join(lines))
+        print("all criteria met (adjusted)" if ok else "some criteria NOT met (adjusted)")
 
 
 if __name__ == "__main__":

@@ -327,3 +327,37 @@ def test_bench_show_reports_engine_startup_factors(tmp_path: Path) -> None:
     assert note is not None and note.startswith("3;") and "at 1.00-1.10x the median" in note
     assert "widest within one entry: none 1.00 / 1.10" in note
     assert startup_note(tmp_path) is None  # no engines: nothing to say
+
+
+def test_startup_adjusted_speedups_divide_out_each_pairs_engines(tmp_path: Path) -> None:
+    """Per (engine, repeat) factors come from each attempt's own forwards and cells; a pair's ratio is
+    multiplied by its SD engine's factor over its no-SD engine's, on the pairs the bench's median used."""
+    import json
+
+    from speclab.bench.show import startup_adjusted_speedup, startup_factors
+
+    rng = np.random.default_rng(3)
+    run = tmp_path / "run"
+    slow = {("none-aa", 1): 1.2, ("none-aa", 2): 1.0, ("sd-bb", 1): 1.0, ("sd-bb", 2): 1.0}
+    for (engine, rep), f in slow.items():
+        d = run / "engines" / engine / f"attempt-{rep}"
+        d.mkdir(parents=True)
+        rows = [("target", 500, 1, 0, 1, f * 0.03 * float(rng.normal(1, 0.001))) for _ in range(30)]
+        append_timings(d / "timings.csv", rows)
+        cid = f"{engine}.w.b1" + ("" if rep == 1 else f"#r{rep}")  # the first repeat's id has no tag
+        (d / "cells.jsonl").write_text(json.dumps({"cell_id": cid, "status": "ok"}) + "\n")
+    fac = startup_factors(run)
+    assert fac[("none-aa", None)] / fac[("sd-bb", None)] == pytest.approx(1.2, rel=0.01)
+    assert fac[("none-aa", 2)] == pytest.approx(fac[("sd-bb", 2)], rel=0.01)
+    row = {
+        "engine_id": "sd-bb",
+        "speedup_runs": [
+            {"repeat": 1, "speedup": 1.5, "contended": False},  # measured against a 1.2x slower no-SD engine
+            {"repeat": 2, "speedup": 1.25, "contended": False},
+            {"repeat": 3, "speedup": 9.0, "contended": True},  # left out, as in the bench's median
+        ],
+    }
+    adj = startup_adjusted_speedup(row, {"engine_id": "none-aa"}, fac)
+    assert adj is not None and adj["n"] == 2
+    assert adj["min"] == pytest.approx(1.25, rel=0.01) and adj["max"] == pytest.approx(1.25, rel=0.01)
+    assert startup_adjusted_speedup(row, {"engine_id": "other"}, fac) is None  # no factor: no figure

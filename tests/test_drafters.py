@@ -44,10 +44,13 @@ def seqs(target) -> list[Sequence]:
     return [Sequence(str(i), "w" if i % 2 else "v", *r) for i, r in enumerate(res)]
 
 
-def make_head(target, seqs, draft_vocab: int = 30, seed: int = 0) -> Eagle3Head:
+def make_head(target, seqs, draft_vocab: int = 30, seed: int = 0, layers: int = 1) -> Eagle3Head:
     d2t, t2d = pick_draft_vocab(seqs, draft_vocab, VOCAB)
     head = Eagle3Head(
-        head_config(target.config.to_dict(), AUX, draft_vocab), target.get_input_embeddings().weight, d2t, t2d
+        head_config(target.config.to_dict(), AUX, draft_vocab, layers),
+        target.get_input_embeddings().weight,
+        d2t,
+        t2d,
     )
     head.init_from_target(target.model.norm.weight.detach(), target.lm_head.weight, seed)
     return head
@@ -152,27 +155,37 @@ def test_teacher_forced_groups_bound_the_padded_tokens() -> None:
 
 def _sequential_chain(head: Eagle3Head, s: Sequence, t: int, k: int) -> list[torch.Tensor]:
     """Draft logits after context x[..t+1], step by step as vLLM's proposer runs: a causal prefill over
-    positions 0..t with target features, then each draft attends to that cache plus earlier drafts."""
+    positions 0..t with target features, then each draft attends to that cache plus earlier drafts; every
+    layer keeps its own cache and feeds its output to the next (written out here, not via the head's
+    step helper)."""
     x, f = s.tokens, s.feats.float()
+    scale = head.hd**-0.5
     pos = torch.arange(t + 1)[None]
     hidden = head.fc(f[None, : t + 1])
-    q, kc, vc = head._qkv(x[None, 1 : t + 2], hidden, pos)
-    att = torch.softmax(
-        (q @ kc.transpose(-1, -2)) * head.hd**-0.5 + torch.full((t + 1, t + 1), float("-inf")).triu(1), -1
-    )
-    logits, pre = head._finish(att @ vc, hidden)
-    out, prev = [logits[0, -1]], pre[:, -1:]
+    emb, h, caches = head.embed[x[None, 1 : t + 2]], hidden, []
+    for i, layer in enumerate(head.layers):
+        q, kc, vc, res = layer.qkv(emb if i == 0 else None, h, pos, head.inv_freq)
+        caches.append([kc, vc])
+        att = torch.softmax(
+            (q @ kc.transpose(-1, -2)) * scale + torch.full((t + 1, t + 1), float("-inf")).triu(1), -1
+        )
+        h = layer.finish(att @ vc, res)
+    out, prev = [head.logits(h)[0, -1]], h[:, -1:]
     for j in range(1, k):
-        qj, kj, vj = head._qkv(x[None, t + 1 + j : t + 2 + j], prev, torch.tensor([[t + j]]))
-        kc, vc = torch.cat([kc, kj], 2), torch.cat([vc, vj], 2)
-        a = torch.softmax((qj @ kc.transpose(-1, -2)) * head.hd**-0.5, -1) @ vc
-        lg, prev = head._finish(a, prev)
-        out.append(lg[0, -1])
+        emb, h = head.embed[x[None, t + 1 + j : t + 2 + j]], prev
+        for i, layer in enumerate(head.layers):
+            qj, kj, vj, res = layer.qkv(emb if i == 0 else None, h, torch.tensor([[t + j]]), head.inv_freq)
+            caches[i] = [torch.cat([caches[i][0], kj], 2), torch.cat([caches[i][1], vj], 2)]
+            a = torch.softmax((qj @ caches[i][0].transpose(-1, -2)) * scale, -1) @ caches[i][1]
+            h = layer.finish(a, res)
+        prev = h
+        out.append(head.logits(h)[0, -1])
     return out
 
 
-def test_ttt_pass_equals_step_by_step_drafting(target, seqs) -> None:
-    head = make_head(target, seqs)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_ttt_pass_equals_step_by_step_drafting(target, seqs, layers) -> None:
+    head = make_head(target, seqs, layers=layers)
     with torch.no_grad():  # perturb the zero-initialised outputs so every path matters
         for p in head.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
@@ -186,20 +199,34 @@ def test_ttt_pass_equals_step_by_step_drafting(target, seqs) -> None:
                 seq = _sequential_chain(head, s, t, 3)
                 for j in range(3):
                     assert torch.allclose(ttt[j][r, t], seq[j], atol=1e-4), (r, t, j)
+                # live drafting (replay's greedy_chain) takes the argmax of the same chain
+                drafted = head.greedy_chain(s.tokens[: t + 2], s.feats.float(), 1)
+                assert int(drafted[0]) == int(head.draft_ids()[seq[0].argmax()])
+        if layers > 1:  # blocks of rows still equal the full pass when lower layers feed upper ones
+            part = list(head.iter_ttt(tokens, feats, valid, 3, rows=slice(5, 11)))
+            for j in range(3):
+                assert torch.allclose(part[j], ttt[j][:, 5:11], atol=1e-5)
 
 
-def test_checkpoint_layout_is_what_vllm_eagle3_loads(target, seqs, tmp_path) -> None:
-    head = make_head(target, seqs)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_checkpoint_layout_is_what_vllm_eagle3_loads(target, seqs, tmp_path, layers) -> None:
+    head = make_head(target, seqs, layers=layers)
+    with torch.no_grad():  # distinct weights per layer, so a swapped layer would show
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(2)) * 0.05)
     head.save(tmp_path)
     from safetensors.torch import load_file
 
     st = load_file(str(tmp_path / "model.safetensors"))
     cfg = json.loads((tmp_path / "config.json").read_text())
-    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == layers
     assert cfg["draft_vocab_size"] == 30 and cfg["vocab_size"] == VOCAB
     assert cfg["eagle_aux_hidden_state_layer_ids"] == AUX
     assert st["fc.weight"].shape == (32, 64)
     assert st["midlayer.self_attn.q_proj.weight"].shape[1] == 64  # [embeds, hidden] concatenated
+    if layers > 1:  # later layers: vLLM's `layers.<i>.*`, input the first layer's output (hidden size)
+        assert st["layers.1.self_attn.q_proj.weight"].shape[1] == 32 and "layers.1.mlp.up_proj.weight" in st
+        assert {k.split(".")[1] for k in st if k.startswith("layers.")} == {"1"}
     assert st["lm_head.weight"].shape == (30, 32) and "embed_tokens.weight" not in st
     ids = torch.arange(30) + st["d2t"]
     assert torch.equal(ids, ids.unique()) and st["t2d"].sum() == 30 and st["t2d"][ids].all()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +216,68 @@ def startup_note(run_dir: Path) -> str | None:
     if len(widest[1]) > 1:
         text += f"; widest within one entry: {widest[0]} {' / '.join(f'{x:.2f}' for x in widest[1])}"
     return text
+
+
+def startup_factors(run_dir: Path) -> dict[tuple[str, int | None], float]:
+    """(engine id, repeat) -> that engine start-up's speed factor (startup_note's figures: >1 is slower
+    than the median start-up on the same forwards). The repeat is read from the attempt's cells.jsonl
+    ("#r<n>" cell ids); an attempt holding several repeats (engines started once) maps each of them, and
+    one without repeat tags maps None. Empty where the run's timings cannot give factors."""
+    import json
+
+    from speclab.costmodel.fit import files_engine_factors, read_timing_groups
+
+    try:
+        data, groups, names = read_timing_groups([run_dir])
+    except Exception:  # noqa: BLE001 - no, torn or foreign timings files: no factors
+        return {}
+    fac = files_engine_factors(data, groups, len(names)) if len(names) > 1 else None
+    if fac is None:
+        return {}
+    out: dict[tuple[str, int | None], float] = {}
+    for name, f in zip(names, fac, strict=True):
+        attempt = Path(name).parent
+        repeats: set[int | None] = set()
+        try:
+            lines = (attempt / "cells.jsonl").read_text().splitlines()
+        except OSError:
+            lines = []
+        for line in lines:
+            try:
+                cid = str(json.loads(line).get("cell_id", ""))
+            except (json.JSONDecodeError, AttributeError):
+                continue
+            tag = cid.rpartition("#r")[2] if "#r" in cid else ""
+            repeats.add(int(tag) if tag.isdigit() else None)
+        for r in repeats:
+            out[(attempt.parent.name, r)] = float(f)
+    return out
+
+
+def startup_adjusted_speedup(
+    row: dict[str, Any], baseline_row: dict[str, Any], factors: dict[tuple[str, int | None], float]
+) -> dict[str, float] | None:
+    """The row's matched-pair speedups with each side's engine start-up factor divided out (pair ratio x
+    f(SD engine) / f(no-SD engine), for the same pairs the bench's median used: its quiet ones where any
+    are quiet). A model-based figure, printed beside the measured one, never instead of it: the factors
+    come from target forwards at like shapes, and proposer time on the CPU may not scale with them.
+    None where a pair's start-up has no factor."""
+    pairs = row.get("speedup_runs") or []
+    quiet = [p for p in pairs if not p.get("contended")]
+    use = quiet or pairs
+    if not use:
+        return None
+    ratios = []
+    for p in use:
+        r = p.get("repeat")
+        fs = factors.get((row.get("engine_id", ""), r), factors.get((row.get("engine_id", ""), None)))
+        fb = factors.get(
+            (baseline_row.get("engine_id", ""), r), factors.get((baseline_row.get("engine_id", ""), None))
+        )
+        if fs is None or fb is None:
+            return None
+        ratios.append(p["speedup"] * fs / fb)
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "n": len(ratios)}
 
 
 def contention_note(rows: list[dict[str, Any]]) -> str | None:

@@ -49,6 +49,12 @@ def train_group() -> None:
 @click.option("--epochs", type=int, default=None, help="Training epochs (default: the recipe's).")
 @click.option("--draft-vocab", type=int, default=None, help="Draft vocabulary size (default 8192).")
 @click.option("--k", "k", type=int, default=None, help="Chained draft steps trained for (default 3).")
+@click.option(
+    "--head-layers",
+    type=int,
+    default=None,
+    help="Decoder layers in the head (default 1; each costs one layer per draft forward).",
+)
 @_prompts_scale("head")
 @_WORKLOAD_PROMPTS
 @click.option(
@@ -64,6 +70,7 @@ def train_eagle_cmd(
     epochs: int | None,
     draft_vocab: int | None,
     k: int | None,
+    head_layers: int | None,
     prompts_scale: float,
     workload_prompts: tuple[str, ...],
     max_new_tokens: int | None,
@@ -85,6 +92,7 @@ def train_eagle_cmd(
         ("epochs", epochs),
         ("draft_vocab", draft_vocab),
         ("k", k),
+        ("head_layers", head_layers),
         ("max_new_tokens", max_new_tokens),
     ):
         if value is not None:

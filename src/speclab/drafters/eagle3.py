@@ -1,7 +1,8 @@
 """An EAGLE-3 head in plain torch that computes what vLLM's `llama_eagle3.py` computes, trains with
 training-time test (TTT), and saves in the checkpoint layout that vLLM's `eagle3` loader reads.
 
-The head (one decoder layer), as vLLM runs it:
+The head (one decoder layer by default; later layers are plain Llama layers on the first's output), as vLLM
+runs it:
 - target features: the target's residual stream at `aux_layers` (HF `hidden_states[i]`, i.e. the output of
   decoder layer i-1), concatenated and projected by `fc` to the hidden size;
 - input at position t: token x[t+1] (embedded with the target's frozen embedding) and a hidden state: fc(target
@@ -52,27 +53,64 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.T
     return x * cos + rot * sin
 
 
+class DecoderLayer(nn.Module):
+    """One layer of the head, as vLLM's `llama_eagle3.LlamaDecoderLayer` computes it. The first layer takes
+    [input_layernorm(token embedding), hidden_norm(hidden)] (2H wide); later ones are plain Llama layers on
+    the previous layer's output (their `hidden_norm` exists in vLLM too and is unused)."""
+
+    def __init__(self, cfg: dict[str, Any], first: bool) -> None:
+        super().__init__()
+        h, self.nh, self.nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        self.hd = cfg.get("head_dim") or h // self.nh
+        self.first = first
+        eps, inter, width = cfg["rms_norm_eps"], cfg["intermediate_size"], (2 * h if first else h)
+        self.input_layernorm, self.hidden_norm = RMSNorm(h, eps), RMSNorm(h, eps)
+        self.q_proj = nn.Linear(width, self.nh * self.hd, bias=False)
+        self.k_proj = nn.Linear(width, self.nkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(width, self.nkv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.hd, h, bias=False)
+        self.post_attention_layernorm = RMSNorm(h, eps)
+        self.gate_proj = nn.Linear(h, inter, bias=False)
+        self.up_proj = nn.Linear(h, inter, bias=False)
+        self.down_proj = nn.Linear(inter, h, bias=False)
+
+    def qkv(self, emb: torch.Tensor | None, x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor):
+        """emb [B, n, H] (first layer only), x [B, n, H] (hidden, or the previous layer's output), pos [B, n]
+        -> (q [B,nh,n,d], k/v [B,nh,n,d] (GQA expanded), residual)."""
+        b, n, _ = x.shape
+        inp = (
+            torch.cat([self.input_layernorm(emb), self.hidden_norm(x)], -1)
+            if self.first
+            else self.input_layernorm(x)
+        )
+        q = self.q_proj(inp).view(b, n, self.nh, self.hd).transpose(1, 2)
+        k = self.k_proj(inp).view(b, n, self.nkv, self.hd).transpose(1, 2)
+        v = self.v_proj(inp).view(b, n, self.nkv, self.hd).transpose(1, 2)
+        q, k = _rope(q, pos, inv_freq), _rope(k, pos, inv_freq)
+        rep = self.nh // self.nkv
+        return q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), x
+
+    def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """attn [B, nh, n, d] -> the layer's pre-norm output [B, n, H]."""
+        b, _, n, _ = attn.shape
+        s = self.o_proj(attn.transpose(1, 2).reshape(b, n, -1)) + residual
+        y = self.post_attention_layernorm(s)
+        return self.down_proj(nn.functional.silu(self.gate_proj(y)) * self.up_proj(y)) + s
+
+
 class Eagle3Head(nn.Module):
     def __init__(
         self, cfg: dict[str, Any], embed: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor
     ) -> None:
         super().__init__()
         self.cfg = dict(cfg)
-        h, self.nh, self.nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        self.hd = cfg.get("head_dim") or h // self.nh
-        eps, inter = cfg["rms_norm_eps"], cfg["intermediate_size"]
+        h, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+        self.hd = cfg.get("head_dim") or h // nh
         n_aux, vd = len(cfg["eagle_aux_hidden_state_layer_ids"]), cfg["draft_vocab_size"]
+        n_layers = int(cfg.get("num_hidden_layers", 1))
         self.fc = nn.Linear(n_aux * h, h, bias=False)
-        self.input_layernorm, self.hidden_norm = RMSNorm(h, eps), RMSNorm(h, eps)
-        self.q_proj = nn.Linear(2 * h, self.nh * self.hd, bias=False)
-        self.k_proj = nn.Linear(2 * h, self.nkv * self.hd, bias=False)
-        self.v_proj = nn.Linear(2 * h, self.nkv * self.hd, bias=False)
-        self.o_proj = nn.Linear(self.nh * self.hd, h, bias=False)
-        self.post_attention_layernorm = RMSNorm(h, eps)
-        self.gate_proj = nn.Linear(h, inter, bias=False)
-        self.up_proj = nn.Linear(h, inter, bias=False)
-        self.down_proj = nn.Linear(inter, h, bias=False)
-        self.norm = RMSNorm(h, eps)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, first=i == 0) for i in range(n_layers))
+        self.norm = RMSNorm(h, cfg["rms_norm_eps"])
         self.lm_head = nn.Linear(h, vd, bias=False)
         self.register_buffer("embed", embed.detach().float().clone(), persistent=False)  # target's, frozen
         self.register_buffer("d2t", d2t.long().clone())
@@ -90,24 +128,25 @@ class Eagle3Head(nn.Module):
     def draft_ids(self) -> torch.Tensor:
         return torch.arange(self.lm_head.out_features) + self.d2t
 
-    def _qkv(self, tok: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor):
-        """tok [B, n], hidden [B, n, H] -> (q [B,nh,n,d], k/v [B,nh,n,d] (GQA expanded), residual)."""
-        b, n = tok.shape
-        x = torch.cat([self.input_layernorm(self.embed[tok]), self.hidden_norm(hidden)], -1)
-        q = self.q_proj(x).view(b, n, self.nh, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, self.nkv, self.hd).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.nkv, self.hd).transpose(1, 2)
-        q, k = _rope(q, pos, self.inv_freq), _rope(k, pos, self.inv_freq)
-        rep = self.nh // self.nkv
-        return q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    def _layers_step(
+        self,
+        tok: torch.Tensor,
+        hidden: torch.Tensor,
+        pos: torch.Tensor,
+        attend: Any,
+    ) -> torch.Tensor:
+        """Every layer on query positions: tok [B, n], hidden [B, n, H] (fc(features) or the previous draft
+        step's output), pos [B, n]. `attend(i, q, k, v)` returns layer i's attention output for its queries,
+        given this step's keys and values (it holds the layer's cache). Returns the last layer's pre-norm
+        output [B, n, H] (what the next draft step is fed, vLLM's `hidden_prenorm`)."""
+        emb, x = self.embed[tok], hidden
+        for i, layer in enumerate(self.layers):
+            q, k, v, res = layer.qkv(emb if i == 0 else None, x, pos, self.inv_freq)
+            x = layer.finish(attend(i, q, k, v), res)
+        return x
 
-    def _finish(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """attn [B, nh, n, d] -> (logits over the draft vocabulary, pre-norm output)."""
-        b, _, n, _ = attn.shape
-        s = self.o_proj(attn.transpose(1, 2).reshape(b, n, -1)) + residual
-        y = self.post_attention_layernorm(s)
-        pre = self.down_proj(nn.functional.silu(self.gate_proj(y)) * self.up_proj(y)) + s
-        return self.lm_head(self.norm(pre)), pre
+    def logits(self, pre: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(pre))
 
     # --- TTT forward ----------------------------------------------------------------------------------
 
@@ -134,60 +173,83 @@ class Eagle3Head(nn.Module):
         """`forward_ttt` one step at a time, for the query positions `rows` only (default: all): yields k
         tensors [B, len(rows), Vd]. Rows see the same keys as in the full pass (step-0 keys up to their own
         position), so a block of rows gives exactly the full pass's rows; replay walks long sequences in
-        blocks (memory ~ rows x n instead of n x n) and stops when no chain in the block is still right."""
+        blocks (memory ~ rows x n instead of n x n) and stops when no chain in the block is still right.
+        With more than one layer, the layers below the last run over every position up to the block's end
+        (their outputs are the next layer's step-0 keys)."""
         b, n = tokens.shape
         r = rows or slice(0, n)
-        pos = torch.arange(n).expand(b, n)
-        nxt = torch.roll(tokens, -1, 1)  # x[t+1]; the wrapped last column is masked by callers
-        hidden = self.fc(feats)
-        q, k0, v0 = self._qkv(nxt, hidden, pos)
-        # keys beyond the block's last row are never visible to it
-        m = min(r.stop, n)
-        q, k0, v0, hidden, pos = q[:, :, r], k0[:, :, :m], v0[:, :, :m], hidden[:, r], pos[:, r]
-        causal = (torch.arange(m)[None, :] <= pos[0, :, None])[None, None] & valid[:, None, None, :m]
+        m = min(r.stop, n)  # keys beyond the block's last row are never visible to it
+        last = len(self.layers) - 1
+        pos = torch.arange(m).expand(b, m)
+        nxt = torch.roll(tokens, -1, 1)[:, :m]  # x[t+1]; the wrapped last column is masked by callers
+        causal = (torch.arange(m)[None, :] <= torch.arange(m)[:, None])[None, None] & valid[:, None, None, :m]
         scale = self.hd**-0.5
-        s0 = (q @ k0.transpose(-1, -2)) * scale
-        s0 = s0.masked_fill(~causal, float("-inf"))
-        logits, pre = self._finish(torch.softmax(s0, -1) @ v0, hidden)
-        yield logits
-        chain_k: list[torch.Tensor] = []
-        chain_v: list[torch.Tensor] = []
+        keys: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def attend0(i: int, q: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
+            keys.append((kk, vv))
+            mask = causal
+            if i == last:  # only the block's rows go on
+                q, mask = q[:, :, r], causal[:, :, r]
+            s0 = (q @ kk.transpose(-1, -2)) * scale
+            return torch.softmax(s0.masked_fill(~mask, float("-inf")), -1) @ vv
+
+        emb, x = self.embed[nxt], self.fc(feats[:, :m])
+        for i, layer in enumerate(self.layers):
+            q, kk, vv, res = layer.qkv(emb if i == 0 else None, x, pos, self.inv_freq)
+            x = layer.finish(attend0(i, q, kk, vv), res[:, r] if i == last else res)
+        pre = x
+        yield self.logits(pre)
+        chains: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in self.layers]
+        mask_r = causal[:, :, r]
+
+        def attend_chain(i: int, qj: torch.Tensor, kj: torch.Tensor, vj: torch.Tensor) -> torch.Tensor:
+            ck, cv = chains[i]
+            ck.append(kj)
+            cv.append(vj)
+            k0, v0 = keys[i]
+            sj = ((qj @ k0.transpose(-1, -2)) * scale).masked_fill(~mask_r, float("-inf"))
+            sd = torch.stack([(qj * c).sum(-1) * scale for c in ck], -1)  # [B,nh,rows,j]
+            p = torch.softmax(torch.cat([sj, sd], -1), -1)
+            return p[..., :m] @ v0 + sum(p[..., m + c, None] * cv[c] for c in range(len(cv)))
+
+        pos_r = pos[:, r]
         for j in range(1, k):
             tok_j = torch.roll(tokens, -(1 + j), 1)[:, r]
-            qj, kj, vj = self._qkv(tok_j, pre, pos + j)
-            chain_k.append(kj)
-            chain_v.append(vj)
-            sj = (qj @ k0.transpose(-1, -2)) * scale
-            sj = sj.masked_fill(~causal, float("-inf"))
-            sd = torch.stack([(qj * kk).sum(-1) * scale for kk in chain_k], -1)  # [B,nh,rows,j]
-            p = torch.softmax(torch.cat([sj, sd], -1), -1)
-            attn = p[..., :m] @ v0 + sum(p[..., m + i, None] * chain_v[i] for i in range(j))
-            logits, pre = self._finish(attn, pre)
-            yield logits
+            pre = self._layers_step(tok_j, pre, pos_r + j, attend_chain)
+            yield self.logits(pre)
 
     @torch.no_grad()
     def greedy_chain(self, tokens: torch.Tensor, feats: torch.Tensor, k: int) -> torch.Tensor:
         """Live drafting, step by step as vLLM's proposer runs after a prefill: k target ids drafted after
         the context tokens [T] (T >= 2), given the target's aux features [>= T-1, A*H] at its positions.
         A causal pass over positions 0..T-2 (input x[t+1] with fc(features at t)) gives the first draft and
-        the head's cache; each later draft feeds the previous draft with the head's pre-norm output at the
-        next position and attends to that cache plus the earlier drafts."""
+        each layer's cache; each later draft feeds the previous draft with the head's pre-norm output at
+        the next position and attends to that cache plus the earlier drafts."""
         t_len = tokens.shape[0]
-        pos = torch.arange(t_len - 1)[None]
-        hidden = self.fc(feats[None, : t_len - 1])
-        q, kc, vc = self._qkv(tokens[None, 1:], hidden, pos)
+        scale = self.hd**-0.5
         mask = torch.ones(t_len - 1, t_len - 1, dtype=torch.bool).tril()
-        s = ((q @ kc.transpose(-1, -2)) * self.hd**-0.5).masked_fill(~mask, float("-inf"))
-        logits, pre = self._finish(torch.softmax(s, -1) @ vc, hidden)
+        cache: list[list[torch.Tensor]] = []
+
+        def prefill(i: int, q: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
+            cache.append([kk, vv])
+            s = ((q @ kk.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))
+            return torch.softmax(s, -1) @ vv
+
+        def decode(i: int, q: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
+            c = cache[i]
+            c[0], c[1] = torch.cat([c[0], kk], 2), torch.cat([c[1], vv], 2)
+            return torch.softmax((q @ c[0].transpose(-1, -2)) * scale, -1) @ c[1]
+
+        pre = self._layers_step(
+            tokens[None, 1:], self.fc(feats[None, : t_len - 1]), torch.arange(t_len - 1)[None], prefill
+        )
         draft_ids = self.draft_ids()
-        out = [int(draft_ids[logits[0, -1].argmax()])]
+        out = [int(draft_ids[self.logits(pre)[0, -1].argmax()])]
         prev = pre[:, -1:]
         for j in range(1, k):
-            qj, kj, vj = self._qkv(torch.tensor([[out[-1]]]), prev, torch.tensor([[t_len - 2 + j]]))
-            kc, vc = torch.cat([kc, kj], 2), torch.cat([vc, vj], 2)
-            a = torch.softmax((qj @ kc.transpose(-1, -2)) * self.hd**-0.5, -1) @ vc
-            lg, prev = self._finish(a, prev)
-            out.append(int(draft_ids[lg[0, -1].argmax()]))
+            prev = self._layers_step(torch.tensor([[out[-1]]]), prev, torch.tensor([[t_len - 2 + j]]), decode)
+            out.append(int(draft_ids[self.logits(prev)[0, -1].argmax()]))
         return torch.tensor(out, dtype=torch.long)
 
     # --- init / save / load ---------------------------------------------------------------------------
@@ -200,10 +262,11 @@ class Eagle3Head(nn.Module):
         (acceptance about 0, checked in vLLM): training must learn the shift to x[t+2]; the init only gives
         it a calibrated output head and feature scale to start from."""
         g = torch.Generator().manual_seed(seed)
-        for lin in (self.q_proj, self.k_proj, self.v_proj, self.gate_proj, self.up_proj):
-            lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) * 0.02)
-        self.o_proj.weight.zero_()
-        self.down_proj.weight.zero_()
+        for layer in self.layers:  # every layer starts as the identity on its residual stream
+            for lin in (layer.q_proj, layer.k_proj, layer.v_proj, layer.gate_proj, layer.up_proj):
+                lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) * 0.02)
+            layer.o_proj.weight.zero_()
+            layer.down_proj.weight.zero_()
         h = self.fc.out_features
         self.fc.weight.zero_()
         self.fc.weight[:, -h:] = torch.eye(h)
@@ -211,26 +274,15 @@ class Eagle3Head(nn.Module):
         self.lm_head.weight.copy_(target_lm_head.detach().float()[self.draft_ids()])
 
     def state_for_vllm(self) -> dict[str, torch.Tensor]:
-        """Tensors named as the EAGLE-3 checkpoints vLLM loads (`midlayer.*`, `fc`, `norm`, `lm_head`,
-        `d2t`, `t2d`); the embedding is left out, so vLLM shares the target's."""
-        m = "midlayer."
-        names = {
-            "fc.weight": self.fc.weight,
-            m + "input_layernorm.weight": self.input_layernorm.weight,
-            m + "hidden_norm.weight": self.hidden_norm.weight,
-            m + "self_attn.q_proj.weight": self.q_proj.weight,
-            m + "self_attn.k_proj.weight": self.k_proj.weight,
-            m + "self_attn.v_proj.weight": self.v_proj.weight,
-            m + "self_attn.o_proj.weight": self.o_proj.weight,
-            m + "post_attention_layernorm.weight": self.post_attention_layernorm.weight,
-            m + "mlp.gate_proj.weight": self.gate_proj.weight,
-            m + "mlp.up_proj.weight": self.up_proj.weight,
-            m + "mlp.down_proj.weight": self.down_proj.weight,
-            "norm.weight": self.norm.weight,
-            "lm_head.weight": self.lm_head.weight,
-            "d2t": self.d2t,
-            "t2d": self.t2d,
-        }
+        """Tensors named as the EAGLE-3 checkpoints vLLM loads (`midlayer.*` for the first layer, which vLLM
+        maps to `layers.0.*`; `layers.<i>.*` for later ones; `fc`, `norm`, `lm_head`, `d2t`, `t2d`); the
+        embedding is left out, so vLLM shares the target's."""
+        names = {"fc.weight": self.fc.weight}
+        for i, layer in enumerate(self.layers):
+            for key, t in layer.state_dict(keep_vars=True).items():
+                names[_checkpoint_name(i, key)] = t
+        names |= {"norm.weight": self.norm.weight, "lm_head.weight": self.lm_head.weight}
+        names |= {"d2t": self.d2t, "t2d": self.t2d}
         return {k: v.detach().contiguous().clone() for k, v in names.items()}
 
     def save(self, out: Path) -> None:
@@ -255,13 +307,16 @@ class Eagle3Head(nn.Module):
                 f"{path}: EAGLE-3 head options speclab does not compute: {', '.join(unsupported)}"
             )
         head = cls(cfg, embed, st["d2t"], st["t2d"])
-        own = {"midlayer." + k: k for k in ("input_layernorm.weight", "hidden_norm.weight")}
-        own |= {
-            f"midlayer.self_attn.{p}.weight": f"{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+        st = {("midlayer." + k[9:] if k.startswith("layers.0.") else k): v for k, v in st.items()}
+        own = {
+            _checkpoint_name(i, key): f"layers.{i}.{key}"
+            for i, layer in enumerate(head.layers)
+            for key in layer.state_dict()
         }
-        own |= {f"midlayer.mlp.{p}.weight": f"{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
-        own["midlayer.post_attention_layernorm.weight"] = "post_attention_layernorm.weight"
         sd = {own.get(k, k): v for k, v in st.items()}
+        if len(head.layers) > 1:  # checkpoints from elsewhere may leave the unused hidden_norm out
+            for i in range(1, len(head.layers)):
+                sd.setdefault(f"layers.{i}.hidden_norm.weight", head.layers[i].hidden_norm.weight.detach())
         try:
             head.load_state_dict(sd, strict=True)
         except RuntimeError as exc:  # missing/unexpected tensors or shapes that disagree with config.json
@@ -278,7 +333,7 @@ def unsupported_options(cfg: dict[str, Any]) -> list[str]:
            if cfg.get(f) or eagle.get(f)]  # fmt: skip
     if eagle.get("use_aux_hidden_state") is False:
         bad.append("use_aux_hidden_state = false")
-    if int(cfg.get("num_hidden_layers", 1)) != 1:
+    if int(cfg.get("num_hidden_layers", 1)) < 1:
         bad.append(f"num_hidden_layers = {cfg['num_hidden_layers']}")
     if cfg.get("rope_scaling") or (cfg.get("rope_parameters") or {}).get("rope_type", "default") != "default":
         bad.append("rope scaling")
@@ -287,8 +342,20 @@ def unsupported_options(cfg: dict[str, Any]) -> list[str]:
     return bad
 
 
-def head_config(target_cfg: dict[str, Any], aux_layers: list[int], draft_vocab: int) -> dict[str, Any]:
-    """config.json of a one-layer EAGLE-3 head for a Llama-family target (vLLM reads it with method eagle3)."""
+def _checkpoint_name(layer: int, key: str) -> str:
+    """A layer parameter's name in the checkpoint: the first layer is `midlayer` (EAGLE-3's own name)."""
+    prefix = "midlayer." if layer == 0 else f"layers.{layer}."
+    if key.split(".")[0] in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        return prefix + "self_attn." + key
+    if key.split(".")[0] in ("gate_proj", "up_proj", "down_proj"):
+        return prefix + "mlp." + key
+    return prefix + key
+
+
+def head_config(
+    target_cfg: dict[str, Any], aux_layers: list[int], draft_vocab: int, layers: int = 1
+) -> dict[str, Any]:
+    """config.json of an EAGLE-3 head (`layers` decoder layers) for a Llama-family target (vLLM reads it with method eagle3)."""
     rope = target_cfg.get("rope_parameters") or {}
     theta = rope.get("rope_theta", target_cfg.get("rope_theta", 10000.0))
     if (rope.get("rope_type") or "default") != "default" or target_cfg.get("rope_scaling"):
@@ -303,7 +370,7 @@ def head_config(target_cfg: dict[str, Any], aux_layers: list[int], draft_vocab: 
         "num_attention_heads": target_cfg["num_attention_heads"],
         "num_key_value_heads": target_cfg.get("num_key_value_heads") or target_cfg["num_attention_heads"],
         "head_dim": target_cfg.get("head_dim") or h // target_cfg["num_attention_heads"],
-        "num_hidden_layers": 1,
+        "num_hidden_layers": int(layers),
         "hidden_act": "silu",
         "rms_norm_eps": target_cfg["rms_norm_eps"],
         "rope_theta": theta,

@@ -68,6 +68,7 @@ class EagleRecipe:
     aux_layers: list[int] | None = None  # HF hidden_states indices; None: (2, L // 2, L - 1)
     draft_vocab: int = 8192
     k: int = 3  # TTT steps (= drafts per step it is trained for)
+    head_layers: int = 1  # decoder layers in the head (vLLM's eagle3 runs any number)
     step_weights: float = 0.8  # loss weight of step j: step_weights ** j
     epochs: int = 8  # from the acceptance curve in docs/drafters.md (3 epochs: 0.33 math first-pos acc)
     batch_size: int = 8
@@ -78,7 +79,10 @@ class EagleRecipe:
     evals: int = 6  # points on the acceptance curve
 
     def key(self, target_files: Any) -> str:
-        blob = json.dumps([RECIPE_VERSION, asdict(self), target_files], sort_keys=True)
+        fields = asdict(self)
+        if fields["head_layers"] == 1:  # added later: one-layer heads keep the names they were cached under
+            del fields["head_layers"]
+        blob = json.dumps([RECIPE_VERSION, fields, target_files], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -397,7 +401,7 @@ def _train_locked(
     train, heldout, data_info = load_data(recipe, aux, model, tok, target_dir, root, say)
 
     d2t, t2d = pick_draft_vocab(train, recipe.draft_vocab, int(tcfg["vocab_size"]))
-    cfg = head_config(tcfg, aux, len(d2t))
+    cfg = head_config(tcfg, aux, len(d2t), recipe.head_layers)
     embed = model.get_input_embeddings().weight.detach()
     head = Eagle3Head(cfg, embed, d2t, t2d)
     head.init_from_target(model.model.norm.weight.detach(), model.get_output_embeddings().weight, recipe.seed)
