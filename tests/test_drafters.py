@@ -436,3 +436,36 @@ def test_training_prompts_scale_as_prefixes_and_refuse_too_many(monkeypatch) -> 
     assert len(training_prompts({"offline-chat": 90}, seed=0)) == 90
     with pytest.raises(ConfigError, match="only 100 distinct training prompts outside the held-out set"):
         training_prompts({"offline-chat": 101}, seed=0)
+
+
+def test_soft_loss_is_cross_entropy_with_the_targets_topk_distribution(target, seqs) -> None:
+    """soft_weight 0 is the hard loss; 1 is, per step, the mean over drafted positions of -sum q log p with q
+    the softmax of the target's stored top-k logits at the drafted position, restricted to the draft
+    vocabulary (computed here by hand for step 0)."""
+    from speclab.drafters.evaluate import collate
+    from speclab.drafters.train import ttt_loss
+
+    head = make_head(target, seqs)
+    batch = seqs[:3]
+    assert all(s.topk_ids is not None for s in batch)
+    with torch.no_grad():
+        hard = ttt_loss(head, batch, 1, 0.8)
+        assert torch.equal(ttt_loss(head, batch, 1, 0.8, soft_weight=0.0), hard)
+        soft = ttt_loss(head, batch, 1, 0.8, soft_weight=1.0)
+        half = ttt_loss(head, batch, 1, 0.8, soft_weight=0.5)
+        tokens, feats, labels, valid = collate(batch)
+        logp = torch.log_softmax(head.forward_ttt(tokens, feats, valid, 1)[0], -1)
+        terms = []
+        for r, s in enumerate(batch):
+            for t in range(len(s.tokens) - 1):
+                lab = int(s.labels[t + 1])
+                if lab < 0 or int(head.t2d_index[lab]) < 0:
+                    continue
+                ids, vals = s.topk_ids[t + 1].long(), s.topk_logits[t + 1].float()
+                d = head.t2d_index[ids]
+                q = torch.softmax(vals[d >= 0], -1)
+                terms.append(-(q * logp[r, t, d[d >= 0]]).sum())
+        want = torch.stack(terms).mean()
+    assert soft.item() == pytest.approx(want.item(), rel=1e-5)
+    assert half.item() == pytest.approx(0.5 * hard.item() + 0.5 * want.item(), rel=1e-5)
+    assert soft.item() != pytest.approx(hard.item(), rel=1e-3)

@@ -55,6 +55,12 @@ def train_group() -> None:
     default=None,
     help="Decoder layers in the head (default 1; each costs one layer per draft forward).",
 )
+@click.option(
+    "--soft-weight",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="Share of the loss on the target's top-k distribution instead of its argmax (default 0).",
+)
 @_prompts_scale("head")
 @_WORKLOAD_PROMPTS
 @click.option(
@@ -71,6 +77,7 @@ def train_eagle_cmd(
     draft_vocab: int | None,
     k: int | None,
     head_layers: int | None,
+    soft_weight: float | None,
     prompts_scale: float,
     workload_prompts: tuple[str, ...],
     max_new_tokens: int | None,
@@ -99,6 +106,8 @@ def train_eagle_cmd(
             if value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
             setattr(recipe, name, value)
+    if soft_weight is not None:
+        recipe.soft_weight = soft_weight
     path = train_eagle(
         recipe,
         cache_dir,

@@ -5,7 +5,7 @@ Stages (each cached under `$SPECLAB_CACHE/drafters/<target>/`, keyed by a hash o
    with its hidden states at the aux layers and its argmax at every position (`data-<hash>.pt`);
    the held-out evaluation prompts likewise (`eval-<hash>.pt`);
 2. training: TTT over k chained steps, cross-entropy against the target's greedy token mapped into the draft
-   vocabulary; replay metrics on the held-out prompts at intervals (the acceptance curve);
+   vocabulary (optionally partly against its top-k distribution, `soft_weight`); replay metrics on the held-out prompts at intervals (the acceptance curve);
 3. output: `eagle3-<hash>/` holding config.json + model.safetensors (vLLM's eagle3 layout) and
    `speclab-manifest.json` (recipe, data and training statistics, curve, file checksums), swapped in atomically.
 
@@ -69,6 +69,7 @@ class EagleRecipe:
     draft_vocab: int = 8192
     k: int = 3  # TTT steps (= drafts per step it is trained for)
     head_layers: int = 1  # decoder layers in the head (vLLM's eagle3 runs any number)
+    soft_weight: float = 0.0  # share of the loss on the target's top-k distribution instead of its argmax
     step_weights: float = 0.8  # loss weight of step j: step_weights ** j
     epochs: int = 8  # from the acceptance curve in docs/drafters.md (3 epochs: 0.33 math first-pos acc)
     batch_size: int = 8
@@ -80,8 +81,10 @@ class EagleRecipe:
 
     def key(self, target_files: Any) -> str:
         fields = asdict(self)
-        if fields["head_layers"] == 1:  # added later: one-layer heads keep the names they were cached under
-            del fields["head_layers"]
+        # added later: at their defaults they leave the key as it was, so cached heads keep their names
+        for name, default in (("head_layers", 1), ("soft_weight", 0.0)):
+            if fields[name] == default:
+                del fields[name]
         blob = json.dumps([RECIPE_VERSION, fields, target_files], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -153,18 +156,41 @@ def pick_draft_vocab(seqs: list[Sequence], size: int, vocab: int) -> tuple[torch
     return ids - torch.arange(size), t2d
 
 
-def ttt_loss(head: Eagle3Head, seqs: list[Sequence], k: int, decay: float) -> torch.Tensor:
+def ttt_loss(
+    head: Eagle3Head, seqs: list[Sequence], k: int, decay: float, soft_weight: float = 0.0
+) -> torch.Tensor:
+    """Sum over the k chained steps (weight decay**j) of the head's loss against the target at the position
+    it drafts: cross-entropy with the target's greedy token (mapped into the draft vocabulary), and with
+    `soft_weight` > 0 that share of it replaced by cross-entropy with the target's distribution (softmax of
+    its stored top-k logits, restricted to the draft vocabulary and renormalised), EAGLE's own objective."""
     tokens, feats, labels, valid = collate(seqs)
+    soft = None
+    if soft_weight > 0:
+        from speclab.drafters.distill import collate_topk
+
+        _, _, top_ids, top_vals = collate_topk(seqs)
+        # draft ids of the target's top-k (-1 outside the draft vocabulary, which gets no probability)
+        top_draft = head.t2d_index[top_ids]
+        soft = (top_draft, top_vals.masked_fill(top_draft < 0, float("-inf")))
     n = tokens.shape[1]
     total = torch.zeros(())
     for j, lg in enumerate(head.forward_ttt(tokens, feats, valid, k)):
         lab = torch.roll(labels, -(1 + j), 1)
         lab[:, n - 1 - j :] = -1
         tgt = torch.where(lab >= 0, head.t2d_index[lab.clamp(min=0)], torch.full_like(lab, -1))
-        if (tgt >= 0).any():
-            total = total + decay**j * torch.nn.functional.cross_entropy(
-                lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1), ignore_index=-1
-            )
+        if not (tgt >= 0).any():
+            continue
+        flat = lg.reshape(-1, lg.shape[-1])
+        step = torch.nn.functional.cross_entropy(flat, tgt.reshape(-1), ignore_index=-1)
+        if soft is not None:
+            ids = torch.roll(soft[0], -(1 + j), 1).reshape(-1, soft[0].shape[-1])
+            vals = torch.roll(soft[1], -(1 + j), 1).reshape(-1, soft[1].shape[-1])
+            use = tgt.reshape(-1) >= 0  # same positions as the hard loss (their top-1 is in the vocabulary)
+            q = torch.softmax(vals[use], -1)
+            logp = torch.log_softmax(flat[use], -1).gather(1, ids[use].clamp(min=0))
+            soft_ce = -(q * logp).nan_to_num(0.0).sum(-1).mean()
+            step = (1 - soft_weight) * step + soft_weight * soft_ce
+        total = total + decay**j * step
     return total
 
 
@@ -207,7 +233,7 @@ def train_head(
         rng.shuffle(batches)
         for b in batches:
             head.train()
-            loss = ttt_loss(head, [train[i] for i in b], recipe.k, recipe.step_weights)
+            loss = ttt_loss(head, [train[i] for i in b], recipe.k, recipe.step_weights, recipe.soft_weight)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
