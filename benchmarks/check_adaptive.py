@@ -1,12 +1,16 @@
 """Judge an `adaptive-cpu` bench run against issue 12 item 4's bar, per workload and batch size:
 
-    .venv/bin/python benchmarks/check_adaptive.py RUN [--label adaptive]
+    .venv/bin/python benchmarks/check_adaptive.py RUN [RUN ...] [--label adaptive] [--startups]
 
 For each (workload, B): the adaptive entry's median speedup over no SD with its spread (min-max of the
 matched-pair ratios), the best static entry (every other SD label except vLLM's schedule) and the schedule
 entry (labels starting with "schedule"), and whether adaptive is >= both and >= 0.98x, and token-exact.
 Medians are the bench's own (repeat i of SD over repeat i of no SD). On a loaded machine the verdict is
 noise: run it on a quiet one (docs/bench.md, "Noise").
+
+Several runs of the same sweep (the same preset on the same machine): a table per run, then one over the
+pairs of all of them (each run's pairs chosen as the bench chooses them: its quiet ones where any are quiet),
+so more start-ups stand behind each median.
 
 `--startups` prints a second table beside the measured one: each pair's ratio with both engines' start-up
 speed factors divided out (`speclab.bench.show.startup_adjusted_speedup`; docs/adaptive.md, "Engines
@@ -46,6 +50,32 @@ def _adjusted(
     return out
 
 
+def _pairs_used(row: dict[str, Any]) -> list[float]:
+    pairs = row.get("speedup_runs") or []
+    quiet = [p["speedup"] for p in pairs if not p.get("contended")]
+    return quiet or [p["speedup"] for p in pairs]
+
+
+def pooled(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """One row per (workload, B, label) over several runs: speedup = the median of every run's pairs,
+    spread their min-max and n; token-exact only if every run's cell was."""
+    import statistics
+
+    by: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
+    for rows in runs:
+        for r in rows.values():
+            if r.get("status") == "ok" and r.get("method") != "none":
+                by[(r["workload"], int(r["batch_size"]), r.get("label") or r["method"])].append(r)
+    out = {}
+    for (wl, b, label), rs in by.items():
+        ratios = [x for r in rs for x in _pairs_used(r)]
+        sp = statistics.median(ratios) if ratios else None
+        spread = {"min": min(ratios), "max": max(ratios), "n": len(ratios)} if ratios else None
+        exact = all(r.get("lossless") for r in rs)
+        out[f"{wl}.{b}.{label}"] = {**rs[0], "speedup": sp, "speedup_spread": spread, "lossless": exact}
+    return out
+
+
 def judge(rows: dict[str, dict[str, Any]], label: str = "adaptive") -> tuple[list[str], bool]:
     cells: dict[tuple[str, int], dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in rows.values():
@@ -76,22 +106,31 @@ def judge(rows: dict[str, dict[str, Any]], label: str = "adaptive") -> tuple[lis
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("run", type=Path)
+    ap.add_argument("run", type=Path, nargs="+")
     ap.add_argument("--label", default="adaptive")
     ap.add_argument("--startups", action="store_true", help="also print start-up-adjusted speedups")
     a = ap.parse_args()
-    rows = parse_rows(a.run / "results.jsonl")
-    lines, ok = judge(rows, a.label)
-    print("\n".join(lines))
-    print("all criteria met" if ok else "some criteria NOT met (see NO above)")
-    if a.startups:
-        from speclab.bench.show import startup_factors
-
-        factors = startup_factors(a.run)
-        lines, ok = judge(_adjusted(rows, factors), a.label)
-        print("\nWith each engine start-up's speed factor divided out (model-based; not a measurement):")
+    every = []
+    for run in a.run:
+        rows = parse_rows(run / "results.jsonl")
+        every.append(rows)
+        lines, ok = judge(rows, a.label)
+        print(f"{run}:")
         print("\n".join(lines))
-        print("all criteria met (adjusted)" if ok else "some criteria NOT met (adjusted)")
+        print("all criteria met" if ok else "some criteria NOT met (see NO above)")
+        if a.startups:
+            from speclab.bench.show import startup_factors
+
+            lines, ok = judge(_adjusted(rows, startup_factors(run)), a.label)
+            print("\nWith each engine start-up's speed factor divided out (model-based; not a measurement):")
+            print("\n".join(lines))
+            print("all criteria met (adjusted)" if ok else "some criteria NOT met (adjusted)")
+        print()
+    if len(every) > 1:
+        lines, ok = judge(pooled(every), a.label)
+        print(f"Pooled over the {len(every)} runs' pairs:")
+        print("\n".join(lines))
+        print("all criteria met (pooled)" if ok else "some criteria NOT met (pooled)")
 
 
 if __name__ == "__main__":
