@@ -24,6 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from speclab.bench.repeats import chosen_pairs
 from speclab.bench.results import parse_rows
 
 
@@ -50,12 +51,6 @@ def _adjusted(
     return out
 
 
-def _pairs_used(row: dict[str, Any]) -> list[float]:
-    pairs = row.get("speedup_runs") or []
-    quiet = [p["speedup"] for p in pairs if not p.get("contended")]
-    return quiet or [p["speedup"] for p in pairs]
-
-
 def pooled(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """One row per (workload, B, label) over several runs: speedup = the median of every run's pairs,
     spread their min-max and n; token-exact only if every run's cell was."""
@@ -68,7 +63,7 @@ def pooled(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
                 by[(r["workload"], int(r["batch_size"]), r.get("label") or r["method"])].append(r)
     out = {}
     for (wl, b, label), rs in by.items():
-        ratios = [x for r in rs for x in _pairs_used(r)]
+        ratios = [p["speedup"] for r in rs for p in chosen_pairs(r.get("speedup_runs") or [])]
         sp = statistics.median(ratios) if ratios else None
         spread = {"min": min(ratios), "max": max(ratios), "n": len(ratios)} if ratios else None
         exact = all(r.get("lossless") for r in rs)

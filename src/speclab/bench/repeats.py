@@ -134,6 +134,13 @@ def summarise_runs(row: dict[str, Any]) -> None:
     host.setdefault("cpus", next((r.get("cpus") for r in runs if r.get("cpus")), os.cpu_count()))
 
 
+def chosen_pairs(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The matched pairs a speedup rests on: a contended pair's ratio is biased, not only noisier, so where
+    some pairs ran on a quiet machine the figure is theirs alone; where none did, all of them."""
+    quiet = [p for p in pairs if not p.get("contended")]
+    return quiet or list(pairs)
+
+
 def apply_pairs(row: dict[str, Any], baseline_row: dict[str, Any]) -> None:
     """The speedup of a row with repeats from matched pairs with its baseline (same repeat number): the
     median of the ratios, their spread and n. Each pair is marked contended if either side was; where some
@@ -153,14 +160,12 @@ def apply_pairs(row: dict[str, Any], baseline_row: dict[str, Any]) -> None:
             )
     row["speedup_runs"] = pairs
     if pairs:
-        # a contended pair's ratio is biased, not only noisier: where some pairs ran on a quiet machine, the
-        # figure is theirs alone, and the spread says how many were left out
-        quiet = [p["speedup"] for p in pairs if not p["contended"]]
-        ratios = quiet or [p["speedup"] for p in pairs]
+        used = chosen_pairs(pairs)
+        ratios = [p["speedup"] for p in used]
         row["speedup"] = statistics.median(ratios)
         row["speedup_spread"] = {"min": min(ratios), "max": max(ratios), "n": len(ratios)}
-        if quiet and len(quiet) < len(pairs):
-            row["speedup_spread"]["contended_left_out"] = len(pairs) - len(quiet)
+        if len(used) < len(pairs):
+            row["speedup_spread"]["contended_left_out"] = len(pairs) - len(used)
     else:
         row["speedup"], row["speedup_spread"] = None, None
 

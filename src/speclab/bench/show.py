@@ -6,7 +6,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from speclab.bench.repeats import CONTENDED_LOAD_FACTOR, CONTENDED_PRESSURE, contended, row_pressure
+from speclab.bench.repeats import (
+    CONTENDED_LOAD_FACTOR,
+    CONTENDED_PRESSURE,
+    chosen_pairs,
+    contended,
+    row_pressure,
+)
 from speclab.bench.rows import fill_speedups, read_rows
 
 
@@ -262,18 +268,17 @@ def startup_adjusted_speedup(
     are quiet). A model-based figure, printed beside the measured one, never instead of it: the factors
     come from target forwards at like shapes, and proposer time on the CPU may not scale with them.
     None where a pair's start-up has no factor."""
-    pairs = row.get("speedup_runs") or []
-    quiet = [p for p in pairs if not p.get("contended")]
-    use = quiet or pairs
+    use = chosen_pairs(row.get("speedup_runs") or [])
     if not use:
         return None
+
+    def factor(engine: str, repeat: int | None) -> float | None:
+        return factors.get((engine, repeat), factors.get((engine, None)))
+
     ratios = []
     for p in use:
-        r = p.get("repeat")
-        fs = factors.get((row.get("engine_id", ""), r), factors.get((row.get("engine_id", ""), None)))
-        fb = factors.get(
-            (baseline_row.get("engine_id", ""), r), factors.get((baseline_row.get("engine_id", ""), None))
-        )
+        fs = factor(row.get("engine_id", ""), p.get("repeat"))
+        fb = factor(baseline_row.get("engine_id", ""), p.get("repeat"))
         if fs is None or fb is None:
             return None
         ratios.append(p["speedup"] * fs / fb)
