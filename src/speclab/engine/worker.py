@@ -159,13 +159,6 @@ class Engine:
         import torch
         import vllm
         from vllm import LLM, SamplingParams
-        from vllm.platforms import current_platform
-
-        if current_platform.is_cpu():
-            # vLLM 0.32's CPU build cannot load its own AOT compile cache ("'function' object has no attribute
-            # 'finalize_loading'") and compiles again at every start-up (~60 s); with AOT compile off its
-            # inductor cache loads and a start-up takes ~15 s (docs/bench.md, "Start-up time")
-            os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 
         from speclab.engine.instrument import StepProfiler
 
@@ -205,6 +198,7 @@ class Engine:
             "enforce_eager": spec.enforce_eager,
             "max_num_seqs": spec.max_num_seqs,
             "ld_preload_iomp": "libiomp5" in os.environ.get("LD_PRELOAD", ""),
+            # VLLM_USE_AOT_COMPILE=0 starts CPU engines 4x faster but measured slower engines (docs/bench.md)
             "vllm_aot_compile": os.environ.get("VLLM_USE_AOT_COMPILE"),
             "profiled": self.runner is not None,
             "speculative_config": self.kwargs.get("speculative_config"),
