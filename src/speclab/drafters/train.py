@@ -180,14 +180,15 @@ def ttt_loss(
         tgt = torch.where(lab >= 0, head.t2d_index[lab.clamp(min=0)], torch.full_like(lab, -1))
         if not (tgt >= 0).any():
             continue
-        flat = lg.reshape(-1, lg.shape[-1])
-        step = torch.nn.functional.cross_entropy(flat, tgt.reshape(-1), ignore_index=-1)
+        # one log-softmax for both losses (cross_entropy is log_softmax + nll_loss)
+        logp_all = torch.log_softmax(lg.reshape(-1, lg.shape[-1]), -1)
+        step = torch.nn.functional.nll_loss(logp_all, tgt.reshape(-1), ignore_index=-1)
         if soft is not None:
             ids = torch.roll(soft[0], -(1 + j), 1).reshape(-1, soft[0].shape[-1])
             vals = torch.roll(soft[1], -(1 + j), 1).reshape(-1, soft[1].shape[-1])
             use = tgt.reshape(-1) >= 0  # same positions as the hard loss (their top-1 is in the vocabulary)
             q = torch.softmax(vals[use], -1)
-            logp = torch.log_softmax(flat[use], -1).gather(1, ids[use].clamp(min=0))
+            logp = logp_all[use].gather(1, ids[use].clamp(min=0))
             soft_ce = -(q * logp).nan_to_num(0.0).sum(-1).mean()
             step = (1 - soft_weight) * step + soft_weight * soft_ce
         total = total + decay**j * step
