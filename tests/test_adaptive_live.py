@@ -31,6 +31,13 @@ def cpu_like() -> CostModel:
     )
 
 
+def with_head() -> CostModel:
+    """cpu_like plus an EAGLE-like head run by the engine: chained passes at ~10% of a decode step each."""
+    cm = cpu_like()
+    cm.draft["eagle3"] = DraftCost("chained", const=2.5e-3, num_spec=3e-4)
+    return cm
+
+
 def play(driver: AdaptiveDriver, reqs: list[tuple[list[int], list[int]]], batch: int, order_seed: int = 0):
     return play_engine(driver, reqs, batch, order_seed=order_seed, max_len=MAX_LEN)
 
@@ -54,7 +61,8 @@ def rejecting_request(seed: int, n: int = 120) -> tuple[list[int], list[int]]:
 
 
 def make(methods=("ngram",), kmax=8, **kw) -> AdaptiveDriver:
-    return AdaptiveDriver(kmax=kmax, max_model_len=MAX_LEN, methods=methods, cost_model=cpu_like(), **kw)
+    kw.setdefault("cost_model", cpu_like())
+    return AdaptiveDriver(kmax=kmax, max_model_len=MAX_LEN, methods=methods, **kw)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -211,8 +219,12 @@ def test_prefill_rows_and_limits() -> None:
 def test_bad_options() -> None:
     from speclab.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="cannot run live"):
+    with pytest.raises(ConfigError, match="custom_class proposer cannot run it"):
         make(methods=("draft_model",))
+    with pytest.raises(ConfigError, match="unknown method"):
+        make(methods=("nope",))
+    with pytest.raises(ConfigError, match="at most one model-based"):
+        make(methods=("eagle3", "draft_model"), model_drafter=True, cost_model=with_head())
     with pytest.raises(ConfigError, match="kmax"):
         make(kmax=0)
     with pytest.raises(ConfigError, match="ngram option"):
@@ -310,3 +322,86 @@ def test_tabulated_cost_prefers_the_cheap_verify_width() -> None:
 
     assert choose(tab) == (0, 3)
     assert choose(TargetCost(kv=0.0, batched=1.4e-3, const=0.03))[1] == 0
+
+
+# --- a model-based drafter run by the engine (speclab.methods.hybrid_live) ---------------------------------
+
+
+def model_driver(probes=("ngram", "suffix"), **kw) -> AdaptiveDriver:
+    return make(methods=(*probes, "eagle3"), model_drafter=True, cost_model=with_head(), **kw)
+
+
+def oracle_drafter(reqs, hit: float, seed: int = 0):
+    """Drafts the true next tokens; each draft position is wrong with probability 1 - hit (decided per
+    (request, position, index), so the same question gets the same answer)."""
+
+    def draft(i: int, pos: int, p: int) -> list[int]:
+        o = reqs[i][1]
+        out = []
+        for j in range(p):
+            ok = np.random.default_rng([seed, i, pos, j]).random() < hit
+            t = o[pos + j] if pos + j < len(o) else 1
+            out.append(t if ok else 99999)
+        return out
+
+    return draft
+
+
+def chat_request(seed: int, n: int = 100) -> tuple[list[int], list[int]]:
+    """No copies anywhere: the lookups offer nothing, only a model can draft."""
+    rng = np.random.default_rng(1000 + seed)
+    return rng.integers(100, 50000, size=60).tolist(), rng.integers(100, 50000, size=n).tolist()
+
+
+def test_model_drafter_called_once_per_step_and_used_where_it_is_accepted() -> None:
+    reqs = [chat_request(s) for s in range(3)]
+    d = model_driver()
+    passes: list[int] = []
+    calls: list[float] = []
+    log = play_engine(
+        d, reqs, 1, max_len=MAX_LEN, drafter=oracle_drafter(reqs, 0.85), passes=passes, timer=calls
+    )
+    assert len(passes) == len(calls)  # exactly one drafter call per engine step (P = 0 included)
+    assert max(passes) <= d.kmax_model
+    assert d.counts["eagle3"] > 0.8 * sum(d.counts.values())
+    acc = sum(a for lg in log.values() for _, a in lg)
+    drafted = sum(dr for lg in log.values() for dr, _ in lg)
+    assert acc > 0.6 * drafted  # what was drafted came from the (good) drafter
+
+
+def test_model_drafter_switched_off_when_it_is_rejected() -> None:
+    reqs = [chat_request(s, 150) for s in range(2)]
+    d = model_driver()
+    passes: list[int] = []
+    log = play_engine(d, reqs, 1, max_len=MAX_LEN, drafter=oracle_drafter(reqs, 0.0), passes=passes)
+    assert sum(a for lg in log.values() for _, a in lg) == 0
+    # it tries, learns that nothing is accepted, and then asks the engine for no passes
+    assert sum(1 for p in passes if p > 0) < 0.25 * len(passes), passes
+    assert passes[-20:] == [0] * 20
+
+
+def test_copies_still_go_to_the_lookups_with_a_model_drafter() -> None:
+    reqs = [copy_request(s) for s in range(3)]
+    d = model_driver()
+    passes: list[int] = []
+    log = play_engine(d, reqs, 1, max_len=MAX_LEN, drafter=oracle_drafter(reqs, 0.3), passes=passes)
+    ks = [dr for lg in log.values() for dr, _ in lg]
+    assert max(ks) == 8  # long copies: the lookups' 8 drafts, beyond the head's 3
+    assert d.counts["ngram"] + d.counts["suffix"] > d.counts["eagle3"]
+
+
+def test_model_drafter_decisions_deterministic_and_row_order_free() -> None:
+    reqs = [chat_request(s, 60) for s in range(4)] + [copy_request(s, 60) for s in range(3)]
+    runs = []
+    for order in (1, 2):
+        d = model_driver()
+        runs.append(
+            play_engine(d, reqs, 3, order_seed=order, max_len=MAX_LEN, drafter=oracle_drafter(reqs, 0.7))
+        )
+    assert runs[0] == runs[1]
+
+
+def test_model_method_needs_the_engine_callback() -> None:
+    d = model_driver()
+    with pytest.raises(ConfigError, match="draft_model callback"):
+        d.step([[5]], np.array([3]), np.array([[1, 2, 5]], dtype=np.int32))

@@ -272,6 +272,14 @@ def _method(d: Any, i: int, src: str) -> MethodEntry:
         )
         if not isinstance(options.get("model"), str) or not options["model"].strip():
             raise ConfigError(f"{where}: field model: method {name} needs {what}")
+    if "proposer_options" in options:
+        if name not in ("custom_class", "eagle3", "eagle"):
+            raise ConfigError(
+                f"{where}: field proposer_options: only custom_class (speclab's adapters) and eagle3/eagle "
+                "(speclab's adaptive hybrid) take it"
+            )
+        if not isinstance(options["proposer_options"], dict):
+            raise ConfigError(f"{where}: field proposer_options: expected a table")
     if name == "ngram":
         lo = options.get("prompt_lookup_min", 1)
         hi = options.get("prompt_lookup_max", lo)

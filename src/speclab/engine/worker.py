@@ -107,6 +107,10 @@ def speculative_config(spec: EngineSpec, drafter: str | None) -> dict[str, Any] 
     cfg: dict[str, Any] = {k: v for k, v in spec.options.items() if k not in ("model", "proposer_options")}
     cfg["method"] = spec.method
     cfg["num_speculative_tokens"] = spec.k
+    if spec.method != "custom_class" and spec.options.get("proposer_options") is not None:
+        # speclab's hybrid (speclab.methods.hybrid_live) drafts after the step's bookkeeping, with
+        # per-request draft counts: vLLM's unpadded drafter path
+        cfg["disable_padded_drafter_batch"] = True
     if drafter is not None:
         cfg["model"] = drafter
     elif spec.method == "custom_class":
@@ -180,6 +184,15 @@ class Engine:
             method=trace_method_name(spec.method, spec.options),
             sync=torch.cuda.synchronize if on_gpu else None,
         )
+        if spec.method != "custom_class" and spec.options.get("proposer_options") is not None:
+            # an engine drafter (eagle3) chosen per step by speclab's adaptive rule, beside the model-free
+            # probes: speclab.methods.hybrid_live wraps the runner's proposal (before the profiler wraps it,
+            # so the driver's time is counted as drafting)
+            if self.runner is None:
+                raise RuntimeError("proposer_options on an engine drafter need the in-process engine")
+            from speclab.methods.hybrid_live import install
+
+            self.hybrid = install(self.runner, dict(spec.options["proposer_options"]))
         if self.runner is not None:
             self.profiler.install(self.runner)
         self.memory = self._static_memory()

@@ -39,12 +39,16 @@ import numpy as np
 from speclab.costmodel import get_cost_model
 from speclab.costmodel.model import CostModel
 from speclab.errors import ConfigError
-from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N
+from speclab.methods.catalog import MODEL_BASED, NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.simulate.adaptive.base import RATE_WINDOW, AdaptiveBase
 from speclab.simulate.policies import PolicyContext, StepOutcome, StepView, make_policy
 
 DEFAULT_COST_MODEL = "smollm2-135m-cpu-live"
 LIVE_METHODS = ("ngram", "suffix")  # model-free proposers the driver can run as probes
+# a model-based drafter's drafts come from the engine (the caller's `draft_model` callback): a head or draft
+# model that vLLM runs, which a custom_class proposer cannot (speclab.methods.hybrid_live)
+MODEL_KMAX_DEFAULT = 3
+ModelDrafts = Callable[[int], Sequence[Sequence[int]]]
 WINDOW = RATE_WINDOW  # positions of hindsight kept per request (what the rule reads)
 _CAPACITY = 256  # initial size of the policy's per-request arrays (slots are recycled)
 
@@ -151,6 +155,7 @@ class _Request:
     hist: dict[str, _History] = field(default_factory=dict)
     suffix_id: str | None = None
     ngram: IncrementalNgram | None = None
+    pos: int = 0  # output position at the latest call
 
 
 class AdaptiveDriver:
@@ -170,19 +175,33 @@ class AdaptiveDriver:
         ngram: dict[str, Any] | None = None,
         suffix: dict[str, Any] | None = None,
         ngram_impl: str = "auto",
+        model_drafter: bool = False,
+        kmax_model: int = MODEL_KMAX_DEFAULT,
     ) -> None:
         methods = tuple(methods)
-        bad = [m for m in methods if m not in LIVE_METHODS]
+        model = tuple(m for m in methods if m in MODEL_BASED)
+        bad = [m for m in methods if m not in LIVE_METHODS and m not in MODEL_BASED]
         if bad:
             raise ConfigError(
-                f"adaptive proposer: method {bad[0]!r} cannot run live here (have: {', '.join(LIVE_METHODS)}; "
-                "model-based drafters are not wired in, see docs/adaptive.md)"
+                f"adaptive proposer: unknown method {bad[0]!r} (model-free: {', '.join(LIVE_METHODS)}; "
+                "or one model-based drafter that the engine runs, see speclab.methods.hybrid_live)"
             )
+        if model and not model_drafter:
+            raise ConfigError(
+                f"adaptive proposer: {model[0]!r} is model-based; a custom_class proposer cannot run it "
+                "(vLLM gives it no hidden states). Use the engine's own drafter with speclab's hybrid "
+                "(method eagle3 plus proposer_options, docs/adaptive.md)"
+            )
+        if len(model) > 1:
+            raise ConfigError(f"adaptive proposer: at most one model-based drafter, got {', '.join(model)}")
         if not methods or len(set(methods)) != len(methods):
             raise ConfigError("adaptive proposer: methods must be a non-empty list without repeats")
-        if kmax < 1:
-            raise ConfigError(f"adaptive proposer: kmax must be >= 1, got {kmax}")
+        if kmax < 1 or kmax_model < 1:
+            raise ConfigError(f"adaptive proposer: kmax must be >= 1, got {min(kmax, kmax_model)}")
         self.kmax = int(kmax)
+        # the model-based method's index in `methods` (None: model-free only) and its most drafts
+        self.model_index = methods.index(model[0]) if model else None
+        self.kmax_model = min(int(kmax_model), self.kmax)
         self.max_model_len = max_model_len
         self.cm = get_cost_model(cost_model)
         spec = f"{policy}:{','.join(methods)}:{self.kmax}"
@@ -190,7 +209,7 @@ class AdaptiveDriver:
         if not isinstance(pol, AdaptiveBase):
             raise ConfigError(f"adaptive proposer: policy {policy!r} is not an adaptive policy")
         pol.bind(methods, self.cm, named=True)
-        missing = [m for m in methods if m not in pol.probes]
+        missing = [m for i, m in enumerate(methods) if m not in pol.probes and i != self.model_index]
         if missing:
             raise ConfigError(
                 f"adaptive proposer: cost model {self.cm.name!r} must charge {missing[0]} as a probe "
@@ -200,9 +219,8 @@ class AdaptiveDriver:
         self.policy = pol
         self.methods = methods
         self._cap = _CAPACITY
-        pol.begin(
-            PolicyContext(num_requests=self._cap, batch_size=0, k_max=dict.fromkeys(methods, self.kmax))
-        )
+        k_max = {m: (self.kmax_model if i == self.model_index else self.kmax) for i, m in enumerate(methods)}
+        pol.begin(PolicyContext(num_requests=self._cap, batch_size=0, k_max=k_max))
         self._free: list[int] = []
         self._next_slot = 0
         self.probes: dict[str, Callable[[_Request, np.ndarray, Sequence[int], int], list[int]]] = {}
@@ -297,7 +315,7 @@ class AdaptiveDriver:
         pol = self.policy
         pol.s[:, slot] = 0.0  # a recycled slot starts from the prior
         pol.f[:, slot] = 0.0
-        return _Request(slot, prompt_len, hist={m: _History() for m in self.methods})
+        return _Request(slot, prompt_len, hist={m: _History() for m in self.probes})
 
     def _grow(self) -> None:
         pol = self.policy
@@ -307,10 +325,23 @@ class AdaptiveDriver:
 
     # --- one engine step -------------------------------------------------------------------------------
     def step(
-        self, sampled_token_ids: Sequence[Sequence[int]], num_tokens: np.ndarray, token_ids: np.ndarray
+        self,
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens: np.ndarray,
+        token_ids: np.ndarray,
+        draft_model: ModelDrafts | None = None,
     ) -> list[list[int]]:
         """One proposer call: per row, this step's committed tokens (empty while prefilling), the row's
-        token count (these included) and the token table (row i valid up to num_tokens[i])."""
+        token count (these included) and the token table (row i valid up to num_tokens[i]).
+
+        With a model-based method, `draft_model(P)` runs the engine's drafter for P chained passes and
+        returns every row's P drafts (rows in this call's order). It is called exactly once per step, P = 0
+        included (the drafter then only catches up on the step's tokens: vLLM's EAGLE keeps its KV cache in
+        sync that way), after the decision, with P = the most drafts any row chose from it."""
+        if self.model_index is not None and draft_model is None:
+            raise ConfigError(
+                "adaptive proposer: a model-based method needs the engine's draft_model callback"
+            )
         rows = len(sampled_token_ids)
         out: list[list[int]] = [[] for _ in range(rows)]
         kv = float(np.sum(np.asarray(num_tokens[:rows], dtype=np.float64)))
@@ -338,6 +369,7 @@ class AdaptiveDriver:
             for h in req.hist.values():
                 h.advance(out_tok, len(h.acc), pos)
             req.last_method, req.last_k = -1, 0
+            req.pos = pos
             if self.max_model_len is not None and n >= self.max_model_len:
                 continue
             for meth, probe in self.probes.items():
@@ -355,20 +387,27 @@ class AdaptiveDriver:
         if obs:
             a = np.array(obs, dtype=np.int64)
             self.policy.observe(StepOutcome(req=a[:, 0], method=a[:, 1], k=a[:, 2], accepted=a[:, 3]))
-        if not live:
-            return out
-        if not any(len(req.hist[m].last[1]) for _, req, _ in live for m in self.methods):  # type: ignore[index]
-            # nothing offered by any probe: every option drafts nothing, so the rule's answer is "off"
-            # for all rows (its survival is 0 beyond the offer); skip computing it
+        offered = any(len(req.hist[m].last[1]) for _, req, _ in live for m in self.probes)  # type: ignore[index]
+        if not live or (self.model_index is None and not offered):
+            # nothing offered by any probe (and no drafter): every option drafts nothing, so the rule's
+            # answer is "off" for all rows (its survival is 0 beyond the offer); skip computing it
             self.counts["off"] += len(live)
+            if draft_model is not None:
+                draft_model(0)
             return out
         meth, k = self.policy.decide(self._view(live, rows, kv))
-        for (i, req, _), j, kk in zip(live, meth.tolist(), k.tolist(), strict=True):
+        chosen = list(zip(live, meth.tolist(), k.tolist(), strict=True))
+        model_drafts: Sequence[Sequence[int]] = ()
+        if draft_model is not None:
+            passes = max((kk for _, j, kk in chosen if j == self.model_index), default=0)
+            model_drafts = draft_model(min(max(passes, 0), self.kmax_model))
+        for (i, req, _), j, kk in chosen:
             if j < 0 or kk <= 0:
                 self.counts["off"] += 1
                 continue
             name = self.methods[j]
-            draft = req.hist[name].last[1][: min(kk, self.kmax)]  # type: ignore[index]
+            src = model_drafts[i] if j == self.model_index else req.hist[name].last[1]  # type: ignore[index]
+            draft = [int(t) for t in src[: min(kk, self.kmax)]]
             if len(draft) == 0:
                 self.counts["off"] += 1
                 continue
@@ -381,12 +420,12 @@ class AdaptiveDriver:
         """The simulator's StepView for the decoding rows: hindsight and offers per probe over the last
         WINDOW positions (flat arrays, one block of WINDOW + 1 entries per row), current offers."""
         nl = len(live)
-        pos = np.array([len(r.hist[self.methods[0]].acc) for _, r, _ in live], dtype=np.int64)
+        pos = np.array([r.pos for _, r, _ in live], dtype=np.int64)
         past: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
         nprop: dict[str, np.ndarray | None] = {}
         blk = WINDOW + 1
         fi = np.arange(nl, dtype=np.int64) * blk + WINDOW
-        for meth in self.methods:
+        for meth in self.probes:
             acc = np.ones(nl * blk, dtype=np.int64)
             off = np.zeros(nl * blk, dtype=np.int64)
             cur = np.zeros(nl, dtype=np.int64)
@@ -420,11 +459,15 @@ def play_engine(
     order_seed: int = 0,
     max_len: int = 4096,
     timer: list[float] | None = None,
+    drafter: Callable[[int, int, int], Sequence[int]] | None = None,
+    passes: list[int] | None = None,
 ) -> dict[int, list[tuple[int, int]]]:
     """Play vLLM around the driver, offline: requests (prompt, greedy target output) under continuous
     batching, at most `batch` running; rows are shuffled every step (vLLM compacts them); a row commits its
     accepted drafts plus one token. Returns per request the (drafted, accepted) of its steps that drafted.
     `timer`, if given, receives the seconds of every driver.step call (for benchmarks/bench_adaptive_driver.py).
+    `drafter(request, position, P)` stands in for the engine's model-based drafter (P drafts for that request
+    at that output position); `passes` receives P of every call the driver makes to it.
     Used by the tests and the driver benchmark; no engine needed."""
     rng = np.random.default_rng(order_seed)
     waiting = list(range(len(reqs)))
@@ -446,8 +489,17 @@ def play_engine(
         for r, i in enumerate(ids):
             table[r, : len(running[i])] = running[i]
             nt[r] = len(running[i])
+        draft_model = None
+        if drafter is not None:
+
+            def draft_model(p: int, ids: list[int] = ids) -> list[list[int]]:
+                if passes is not None:
+                    passes.append(p)
+                return [list(drafter(i, len(running[i]) - len(reqs[i][0]), p))[:p] for i in ids]
+
         t0 = time.perf_counter()
-        drafts = driver.step([sampled[i] for i in ids], nt, table)
+        step_args: tuple[Any, ...] = ([sampled[i] for i in ids], nt, table)
+        drafts = driver.step(*step_args, draft_model) if draft_model is not None else driver.step(*step_args)
         if timer is not None:
             timer.append(time.perf_counter() - t0)
         if len(drafts) != len(ids):

@@ -66,7 +66,14 @@ NGRAM_MAX_N = 7
 
 
 def trace_method_name(method: str, options: dict[str, Any]) -> str:
-    """The trace method name of an engine method: custom_class runs appear as custom:<ClassName>."""
+    """The trace method name of an engine method: custom_class runs appear as custom:<ClassName>, an
+    engine drafter driven by speclab's adaptive rule (proposer_options on eagle3: speclab.methods.hybrid_live)
+    as custom:HybridAdaptive-<method>."""
     if method == "custom_class":
         return "custom:" + str(options.get("model", "custom")).rsplit(".", 1)[-1]
+    if options.get("proposer_options") is not None:
+        return f"custom:{HYBRID_PREFIX}{method}"
     return method
+
+
+HYBRID_PREFIX = "HybridAdaptive-"

@@ -1,0 +1,91 @@
+"""The adaptive proposer with a model-based drafter: vLLM's own EAGLE-3 drafter and the model-free probes,
+chosen per step and per request by the simulator's `adaptive` rule (issue 12 item 4).
+
+A `custom_class` proposer gets no target hidden states, so it cannot run an EAGLE head. Here the engine
+runs its built-in `eagle3` drafter as usual and speclab wraps the model runner's
+`propose_draft_token_ids` (an instance attribute, as speclab.engine.instrument does; the engine runs in
+the bench worker's process): at each step the `AdaptiveDriver` decides first, from the probes' offers
+and hindsight, each request's recent EAGLE acceptance and the live batch, which rows take EAGLE's drafts,
+which take n-gram's or suffix's, and which none, and how many; then vLLM's EAGLE runs with P chained passes,
+P = the most EAGLE drafts any row chose (P = 0: only the pass over the step's tokens that keeps the head's
+KV cache in sync, which vLLM's EAGLE supports for its dynamic k); each row then gets its chosen draft.
+
+Requirements, checked at install: method `eagle3` (or another drafter vLLM runs inside the runner's EAGLE
+path), `disable_padded_drafter_batch = true` (so the drafter runs after the step's bookkeeping, on the
+CPU-side token lists the driver reads, and per-request draft counts may differ), and
+num_speculative_tokens = the most drafts any method may give (the probes' kmax).
+
+Options (the engine's `proposer_options`): `methods` (model-free probes, default ["ngram", "suffix"]),
+`kmax` (probes, <= k), `kmax_model` (EAGLE passes, default 3), `cost_model` (must price the drafter, form
+`chained`; default smollm2-135m-cpu-live), `policy`, `ngram`, `suffix` as for SpeclabAdaptiveProposer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from speclab.errors import ConfigError
+
+HYBRID_KEYS = ("methods", "kmax", "kmax_model", "cost_model", "policy", "ngram", "suffix")
+HYBRID_METHODS = ("eagle3", "eagle")  # vLLM methods whose drafter takes a per-call number of passes
+
+
+def install(runner: Any, options: dict[str, Any]) -> Any:
+    """Wrap `runner.propose_draft_token_ids` with the adaptive driver; returns the driver."""
+    from speclab.methods.adaptive_live import DEFAULT_COST_MODEL, LIVE_METHODS, AdaptiveDriver
+
+    sc = runner.speculative_config
+    if sc is None or sc.method not in HYBRID_METHODS:
+        raise ConfigError(
+            f"hybrid adaptive proposer: needs the engine's method to be one of {', '.join(HYBRID_METHODS)}, "
+            f"got {getattr(sc, 'method', None)!r}"
+        )
+    if not sc.disable_padded_drafter_batch:
+        raise ConfigError(
+            "hybrid adaptive proposer: set disable_padded_drafter_batch = true in the speculative config "
+            "(the drafter must run after the step's bookkeeping, with per-request draft counts)"
+        )
+    bad = sorted(set(options) - set(HYBRID_KEYS))
+    if bad:
+        raise ConfigError(f"hybrid adaptive proposer: unknown option(s) {bad} (have {list(HYBRID_KEYS)})")
+    k = int(sc.num_speculative_tokens)
+    kmax = int(options.get("kmax", k))
+    if not 1 <= kmax <= k:
+        raise ConfigError(
+            f"hybrid adaptive proposer: kmax={kmax} must lie in 1..num_speculative_tokens ({k})"
+        )
+    probes = tuple(options.get("methods", LIVE_METHODS))
+    model_method = "eagle3" if sc.method == "eagle3" else "eagle"
+    driver = AdaptiveDriver(
+        kmax=kmax,
+        max_model_len=int(runner.model_config.max_model_len),
+        methods=(*probes, model_method),
+        cost_model=str(options.get("cost_model", DEFAULT_COST_MODEL)),
+        policy=str(options.get("policy", "adaptive")),
+        ngram=options.get("ngram"),
+        suffix=options.get("suffix"),
+        model_drafter=True,
+        kmax_model=min(int(options.get("kmax_model", 3)), k),
+    )
+    orig = runner.propose_draft_token_ids
+
+    def propose_draft_token_ids(
+        scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        if not isinstance(sampled_token_ids, list):  # padded path: refused at install, so not reached
+            raise RuntimeError("hybrid adaptive proposer: expected the CPU-side sampled token lists")
+        batch = runner.input_batch
+
+        def draft_model(passes: int) -> list[list[int]]:
+            saved = scheduler_output.num_spec_tokens_to_schedule
+            scheduler_output.num_spec_tokens_to_schedule = passes
+            try:
+                drafts = orig(scheduler_output, sampled_token_ids, *args, **kwargs)
+            finally:
+                scheduler_output.num_spec_tokens_to_schedule = saved
+            return drafts.tolist() if hasattr(drafts, "tolist") else list(drafts)
+
+        return driver.step(sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu, draft_model)
+
+    runner.propose_draft_token_ids = propose_draft_token_ids
+    return driver
