@@ -81,17 +81,20 @@ def judge(rows: dict[str, dict[str, Any]], label: str = "adaptive") -> tuple[lis
     ok_all = True
     for (wl, b), by in sorted(cells.items()):
         ad = by.get(label)
-        static = {k: v for k, v in by.items() if k != label and not k.startswith("schedule")}
+        # static entries: everything but the judged one, vLLM's schedules and other adaptive entries
+        static = {k: v for k, v in by.items() if k != label and not k.startswith(("schedule", "adaptive"))}
         sched = next((v for k, v in by.items() if k.startswith("schedule")), None)
         best_k = max(static, key=lambda k: static[k].get("speedup") or 0.0) if static else None
         best = static.get(best_k) if best_k else None
         sp = (ad or {}).get("speedup")
-        ge_static = sp is not None and (best is None or sp >= (best.get("speedup") or 0.0))
-        ge_sched = sp is not None and (sched is None or sp >= (sched.get("speedup") or 0.0))
+        # no static entry in the cell: not judged (n/a), and the verdict cannot be "met"; no schedule entry
+        # (a sweep without one): n/a, left out of the verdict and said so below the table
+        ge_static = None if best is None else sp is not None and sp >= (best.get("speedup") or 0.0)
+        ge_sched = None if sched is None else sp is not None and sp >= (sched.get("speedup") or 0.0)
         ge_098 = sp is not None and sp >= 0.98
         exact = bool(ad and ad.get("lossless"))
-        ok_all &= ge_static and ge_sched and ge_098 and exact
-        yes = {True: "yes", False: "NO"}
+        ok_all &= bool(ge_static) and ge_sched is not False and ge_098 and exact
+        yes = {True: "yes", False: "NO", None: "n/a"}
         lines.append(
             f"| {wl} | {b} | {_fmt(ad)} | {best_k or '-'} {_fmt(best)} | {_fmt(sched)} | {yes[ge_static]} | "
             f"{yes[ge_sched]} | {yes[ge_098]} | {yes[exact]} |"

@@ -51,7 +51,14 @@ def test_pooled_medians_take_every_runs_chosen_pairs() -> None:
     ad = pooled["w.1.adaptive"]
     assert ad["speedup"] == pytest.approx(1.10) and ad["speedup_spread"] == {"min": 0.9, "max": 1.3, "n": 5}
     lines, ok = check.judge(pooled)
-    assert ok and "| yes | yes | yes | yes |" in lines[2]
+    assert ok and "| yes | n/a | yes | yes |" in lines[2]  # no schedule entry in this run: n/a
     # token-exact only if every run's cell was
     run_b["adaptive.w.b1"]["lossless"] = False
     assert check.pooled([run_a, run_b])["w.1.adaptive"]["lossless"] is False
+
+
+def test_a_cell_without_static_entries_is_not_judged_met() -> None:
+    rows = {"w.1.adaptive": {"workload": "w", "batch_size": 1, "label": "adaptive", "method": "custom_class",
+                             "status": "ok", "speedup": 1.5, "lossless": True}}  # fmt: skip
+    lines, ok = check.judge(rows)
+    assert not ok and "| n/a | n/a | yes | yes |" in lines[2]
