@@ -462,6 +462,12 @@ def _run_one(engine: Engine, cell: CellSpec, job: Job, out: str) -> None:
             append_timings(job.timings_csv, (r.as_list() for r in engine.profiler.rows))
         except OSError as exc:
             print(f"speclab worker: cannot append timings: {exc}", file=sys.stderr)
+    hybrid = getattr(engine, "hybrid", None)
+    if hybrid is not None:  # the hybrid's decisions in this cell (rows per choice, steps per head passes)
+        print(f"speclab worker: hybrid decisions {hybrid.counts}, head passes {dict(sorted(hybrid.passes.items()))}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        hybrid.counts = dict.fromkeys(hybrid.counts, 0)
+        hybrid.passes = {}
     print(
         f"speclab worker: cell {cell.cell_id}: {res.status}"
         + (

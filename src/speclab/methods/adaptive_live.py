@@ -252,6 +252,7 @@ class AdaptiveDriver:
         self._reqs: dict[bytes, list[_Request]] = {}
         # counters for tests and logs: decisions per method name ("off" = no drafts) and rows seen
         self.counts: dict[str, int] = dict.fromkeys(("off", *methods), 0)
+        self.passes: dict[int, int] = {}  # steps by the model-based drafter's passes (hybrid only)
 
     # --- probes ---------------------------------------------------------------------------------------
     def _kernel_draft(self, context: np.ndarray) -> list[int]:
@@ -393,6 +394,7 @@ class AdaptiveDriver:
             # answer is "off" for all rows (its survival is 0 beyond the offer); skip computing it
             self.counts["off"] += len(live)
             if draft_model is not None:
+                self.passes[0] = self.passes.get(0, 0) + 1
                 draft_model(0)
             return out
         meth, k = self.policy.decide(self._view(live, rows, kv))
@@ -400,7 +402,9 @@ class AdaptiveDriver:
         model_drafts: Sequence[Sequence[int]] = ()
         if draft_model is not None:
             passes = max((kk for _, j, kk in chosen if j == self.model_index), default=0)
-            model_drafts = draft_model(min(max(passes, 0), self.kmax_model))
+            passes = min(max(passes, 0), self.kmax_model)
+            self.passes[passes] = self.passes.get(passes, 0) + 1
+            model_drafts = draft_model(passes)
         for (i, req, _), j, kk in chosen:
             if j < 0 or kk <= 0:
                 self.counts["off"] += 1

@@ -7,8 +7,11 @@ runs its built-in `eagle3` drafter as usual and speclab wraps the model runner's
 the bench worker's process): at each step the `AdaptiveDriver` decides first, from the probes' offers
 and hindsight, each request's recent EAGLE acceptance and the live batch, which rows take EAGLE's drafts,
 which take n-gram's or suffix's, and which none, and how many; then vLLM's EAGLE runs with P chained passes,
-P = the most EAGLE drafts any row chose (P = 0: only the pass over the step's tokens that keeps the head's
-KV cache in sync, which vLLM's EAGLE supports for its dynamic k); each row then gets its chosen draft.
+P = the most EAGLE drafts any row chose; each row then gets its chosen draft. At P = 0 the drafter is not
+run at all (default): vLLM's EAGLE could run its forward over the step's verified tokens alone (its
+dynamic-k support, `catch_up = true`), which keeps the head's KV cache complete, but on this CPU that forward
+costs ~3 ms per step at B = 1, about as much as a pass; skipped, the head's KV cache misses those positions,
+which can only lower its acceptance where it is used again (outputs stay exact: the target verifies).
 
 Requirements, checked at install: method `eagle3` (or another drafter vLLM runs inside the runner's EAGLE
 path), `disable_padded_drafter_batch = true` (so the drafter runs after the step's bookkeeping, on the
@@ -16,7 +19,8 @@ CPU-side token lists the driver reads, and per-request draft counts may differ),
 num_speculative_tokens = the most drafts any method may give (the probes' kmax).
 
 Options (the engine's `proposer_options`): `methods` (model-free probes, default ["ngram", "suffix"]),
-`kmax` (probes, <= k), `kmax_model` (EAGLE passes, default 3), `cost_model` (must price the drafter, form
+`kmax` (probes, <= k), `kmax_model` (EAGLE passes, default 3), `catch_up` (run the head's forward at
+P = 0 too, default false), `cost_model` (must price the drafter, form
 `chained`; default smollm2-135m-cpu-live), `policy`, `ngram`, `suffix` as for SpeclabAdaptiveProposer.
 """
 
@@ -26,7 +30,7 @@ from typing import Any
 
 from speclab.errors import ConfigError
 
-HYBRID_KEYS = ("methods", "kmax", "kmax_model", "cost_model", "policy", "ngram", "suffix")
+HYBRID_KEYS = ("methods", "kmax", "kmax_model", "cost_model", "policy", "ngram", "suffix", "catch_up")
 HYBRID_METHODS = ("eagle3", "eagle")  # vLLM methods whose drafter takes a per-call number of passes
 
 
@@ -45,6 +49,8 @@ def install(runner: Any, options: dict[str, Any]) -> Any:
             "hybrid adaptive proposer: set disable_padded_drafter_batch = true in the speculative config "
             "(the drafter must run after the step's bookkeeping, with per-request draft counts)"
         )
+    options = dict(options)
+    catch_up = bool(options.pop("catch_up", False))
     bad = sorted(set(options) - set(HYBRID_KEYS))
     if bad:
         raise ConfigError(f"hybrid adaptive proposer: unknown option(s) {bad} (have {list(HYBRID_KEYS)})")
@@ -77,6 +83,10 @@ def install(runner: Any, options: dict[str, Any]) -> Any:
         batch = runner.input_batch
 
         def draft_model(passes: int) -> list[list[int]]:
+            if passes == 0 and not catch_up:
+                # no row drafts from the head: skip vLLM's drafter (its catch-up forward alone costs ~3 ms
+                # per step at B = 1 here, as much as a pass); the head's KV cache misses these positions
+                return [[] for _ in sampled_token_ids]
             saved = scheduler_output.num_spec_tokens_to_schedule
             scheduler_output.num_spec_tokens_to_schedule = passes
             try:
