@@ -405,3 +405,27 @@ def test_model_method_needs_the_engine_callback() -> None:
     d = model_driver()
     with pytest.raises(ConfigError, match="draft_model callback"):
         d.step([[5]], np.array([3]), np.array([[1, 2, 5]], dtype=np.int32))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pass_grid_cut_changes_no_choice(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """batch_choice tries drafter pass counts only up to what an option needs (the live hybrid decides every
+    step); the choices equal those over the whole grid."""
+    from speclab.simulate.adaptive import goodput
+
+    rng = np.random.default_rng(seed)
+    n = 12
+    # some rows with good copies, some where only the head is likely right
+    surv = [
+        np.sort(rng.random((n, 8)), axis=1)[:, ::-1] * rng.random((n, 1)),
+        np.full((n, 3), 0.5 + 0.45 * rng.random((n, 1))),
+    ]
+    args = (with_head(), ("suffix", "eagle3"), surv, [8, 3], np.full(n, 4.0), rng.random(n) * 1000,
+            ("suffix",), np.repeat(np.arange(3), 4))  # fmt: skip
+    assert goodput._pass_grid(np.array([[0, 1, 3]])) == (0, 1, 2, 3)
+    assert goodput._pass_grid(np.array([[0, 5]])) == (0, 1, 2, 3, 4, 6)
+    cut = goodput.batch_choice(*args)
+    monkeypatch.setattr(goodput, "_pass_grid", lambda passes: goodput.PASS_GRID)
+    full = goodput.batch_choice(*args)
+    assert all(np.array_equal(a, b) for a, b in zip(cut, full, strict=True))
+    assert (cut[0] == 1).any()  # the head is chosen somewhere, so the pass count mattered

@@ -173,7 +173,7 @@ def batch_choice(
         extra = (np.asarray(tc.time(kvr, sr + WK, sr + WK)) - np.asarray(tc.time(kvr, sr, sr))) * (1 + frac)
     else:
         added = _Added(tc, kv_g, seqs_g, max(kmax, default=0))  # forward time added by d drafts per batch
-    for P in PASS_GRID if mb else (0,):
+    for P in _pass_grid(Pn) if mb else (0,):
         allowed = Pn <= P
         shared = base_g + (P * per_pass if mb else 0.0)
         if exact:
@@ -209,6 +209,15 @@ def batch_choice(
         best_g = np.where(better, lam, best_g)
         best_i = np.where(better[group], i, best_i)
     return M[r, best_i].astype(np.int64), K[r, best_i].astype(np.int64)
+
+
+def _pass_grid(passes: np.ndarray) -> tuple[int, ...]:
+    """PASS_GRID up to its first value >= the most passes any option needs: a larger P allows the same
+    options and only pays more passes, so it never wins (the live proposer decides every step, and each
+    P is a full pass over the options)."""
+    need = float(passes.max(initial=0.0))
+    cut = next((i for i, p in enumerate(PASS_GRID) if p >= need), len(PASS_GRID) - 1)
+    return PASS_GRID[: cut + 1]
 
 
 class _Added:
