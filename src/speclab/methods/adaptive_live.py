@@ -336,9 +336,10 @@ class AdaptiveDriver:
         token count (these included) and the token table (row i valid up to num_tokens[i]).
 
         With a model-based method, `draft_model(P)` runs the engine's drafter for P chained passes and
-        returns every row's P drafts (rows in this call's order). It is called exactly once per step, P = 0
-        included (the drafter then only catches up on the step's tokens: vLLM's EAGLE keeps its KV cache in
-        sync that way), after the decision, with P = the most drafts any row chose from it."""
+        returns every row's P drafts (rows in this call's order). It is called exactly once per step, after
+        the decision, with P = the most drafts any row chose from it, P = 0 included (what the engine does
+        then is the callback's choice: speclab.methods.hybrid_live skips vLLM's drafter, or runs its
+        KV catch-up forward with `catch_up`)."""
         if self.model_index is not None and draft_model is None:
             raise ConfigError(
                 "adaptive proposer: a model-based method needs the engine's draft_model callback"
@@ -394,17 +395,14 @@ class AdaptiveDriver:
             # answer is "off" for all rows (its survival is 0 beyond the offer); skip computing it
             self.counts["off"] += len(live)
             if draft_model is not None:
-                self.passes[0] = self.passes.get(0, 0) + 1
-                draft_model(0)
+                self._run_model(draft_model, 0)
             return out
         meth, k = self.policy.decide(self._view(live, rows, kv))
         chosen = list(zip(live, meth.tolist(), k.tolist(), strict=True))
         model_drafts: Sequence[Sequence[int]] = ()
         if draft_model is not None:
             passes = max((kk for _, j, kk in chosen if j == self.model_index), default=0)
-            passes = min(max(passes, 0), self.kmax_model)
-            self.passes[passes] = self.passes.get(passes, 0) + 1
-            model_drafts = draft_model(passes)
+            model_drafts = self._run_model(draft_model, min(max(passes, 0), self.kmax_model))
         for (i, req, _), j, kk in chosen:
             if j < 0 or kk <= 0:
                 self.counts["off"] += 1
@@ -419,6 +417,10 @@ class AdaptiveDriver:
             req.last_method, req.last_k = j, len(draft)
             out[i] = draft
         return out
+
+    def _run_model(self, draft_model: ModelDrafts, passes: int) -> Sequence[Sequence[int]]:
+        self.passes[passes] = self.passes.get(passes, 0) + 1
+        return draft_model(passes)
 
     def _view(self, live: list[tuple[int, _Request, np.ndarray]], rows: int, kv: float) -> StepView:
         """The simulator's StepView for the decoding rows: hindsight and offers per probe over the last
