@@ -24,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from speclab.bench.repeats import chosen_pairs
+from speclab.bench.repeats import chosen_pairs, pair_summary
 from speclab.bench.results import parse_rows
 
 
@@ -54,8 +54,6 @@ def _adjusted(
 def pooled(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """One row per (workload, B, label) over several runs: speedup = the median of every run's pairs,
     spread their min-max and n; token-exact only if every run's cell was."""
-    import statistics
-
     by: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
     for rows in runs:
         for r in rows.values():
@@ -63,9 +61,8 @@ def pooled(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
                 by[(r["workload"], int(r["batch_size"]), r.get("label") or r["method"])].append(r)
     out = {}
     for (wl, b, label), rs in by.items():
-        ratios = [p["speedup"] for r in rs for p in chosen_pairs(r.get("speedup_runs") or [])]
-        sp = statistics.median(ratios) if ratios else None
-        spread = {"min": min(ratios), "max": max(ratios), "n": len(ratios)} if ratios else None
+        pairs = [p for r in rs for p in chosen_pairs(r.get("speedup_runs") or [])]
+        sp, spread = pair_summary(pairs) if pairs else (None, None)
         exact = all(r.get("lossless") for r in rs)
         out[f"{wl}.{b}.{label}"] = {**rs[0], "speedup": sp, "speedup_spread": spread, "lossless": exact}
     return out

@@ -141,6 +141,12 @@ def chosen_pairs(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return quiet or list(pairs)
 
 
+def pair_summary(pairs: list[dict[str, Any]]) -> tuple[float, dict[str, Any]]:
+    """Median speedup of the given matched pairs (non-empty) and its spread {min, max, n}."""
+    ratios = [p["speedup"] for p in pairs]
+    return statistics.median(ratios), {"min": min(ratios), "max": max(ratios), "n": len(ratios)}
+
+
 def apply_pairs(row: dict[str, Any], baseline_row: dict[str, Any]) -> None:
     """The speedup of a row with repeats from matched pairs with its baseline (same repeat number): the
     median of the ratios, their spread and n. Each pair is marked contended if either side was; where some
@@ -161,9 +167,7 @@ def apply_pairs(row: dict[str, Any], baseline_row: dict[str, Any]) -> None:
     row["speedup_runs"] = pairs
     if pairs:
         used = chosen_pairs(pairs)
-        ratios = [p["speedup"] for p in used]
-        row["speedup"] = statistics.median(ratios)
-        row["speedup_spread"] = {"min": min(ratios), "max": max(ratios), "n": len(ratios)}
+        row["speedup"], row["speedup_spread"] = pair_summary(used)
         if len(used) < len(pairs):
             row["speedup_spread"]["contended_left_out"] = len(pairs) - len(used)
     else:

@@ -64,7 +64,7 @@ from typing import Any
 
 from speclab.engine.protocol import BATCHING, DTYPES
 from speclab.errors import ConfigError
-from speclab.methods.catalog import ENGINE_METHODS, METHODS_NEEDING_MODEL
+from speclab.methods.catalog import ENGINE_METHODS, HYBRID_METHODS, METHODS_NEEDING_MODEL
 from speclab.server.spec import ServerSpec, parse_server
 
 TOP_KEYS = {
@@ -273,7 +273,7 @@ def _method(d: Any, i: int, src: str) -> MethodEntry:
         if not isinstance(options.get("model"), str) or not options["model"].strip():
             raise ConfigError(f"{where}: field model: method {name} needs {what}")
     if "proposer_options" in options:
-        if name not in ("custom_class", "eagle3", "eagle"):
+        if name != "custom_class" and name not in HYBRID_METHODS:
             raise ConfigError(
                 f"{where}: field proposer_options: only custom_class (speclab's adapters) and eagle3/eagle "
                 "(speclab's adaptive hybrid) take it"

@@ -56,6 +56,7 @@ from speclab.methods.catalog import (
     DRAFTER_CHECKPOINT_METHODS,
     MODEL_BASED,
     SAME_TOKENIZER_METHODS,
+    is_hybrid,
     trace_method_name,
 )
 from speclab.timings import append_timings
@@ -107,7 +108,7 @@ def speculative_config(spec: EngineSpec, drafter: str | None) -> dict[str, Any] 
     cfg: dict[str, Any] = {k: v for k, v in spec.options.items() if k not in ("model", "proposer_options")}
     cfg["method"] = spec.method
     cfg["num_speculative_tokens"] = spec.k
-    if spec.method != "custom_class" and spec.options.get("proposer_options") is not None:
+    if is_hybrid(spec.method, spec.options):
         # speclab's hybrid (speclab.methods.hybrid_live) drafts after the step's bookkeeping, with
         # per-request draft counts: vLLM's unpadded drafter path
         cfg["disable_padded_drafter_batch"] = True
@@ -184,7 +185,7 @@ class Engine:
             method=trace_method_name(spec.method, spec.options),
             sync=torch.cuda.synchronize if on_gpu else None,
         )
-        if spec.method != "custom_class" and spec.options.get("proposer_options") is not None:
+        if is_hybrid(spec.method, spec.options):
             # an engine drafter (eagle3) chosen per step by speclab's adaptive rule, beside the model-free
             # probes: speclab.methods.hybrid_live wraps the runner's proposal (before the profiler wraps it,
             # so the driver's time is counted as drafting)

@@ -29,9 +29,9 @@ from __future__ import annotations
 from typing import Any
 
 from speclab.errors import ConfigError
+from speclab.methods.catalog import HYBRID_METHODS
 
 HYBRID_KEYS = ("methods", "kmax", "kmax_model", "cost_model", "policy", "ngram", "suffix", "catch_up")
-HYBRID_METHODS = ("eagle3", "eagle")  # vLLM methods whose drafter takes a per-call number of passes
 
 
 def install(runner: Any, options: dict[str, Any]) -> Any:
@@ -61,11 +61,10 @@ def install(runner: Any, options: dict[str, Any]) -> Any:
             f"hybrid adaptive proposer: kmax={kmax} must lie in 1..num_speculative_tokens ({k})"
         )
     probes = tuple(options.get("methods", LIVE_METHODS))
-    model_method = "eagle3" if sc.method == "eagle3" else "eagle"
     driver = AdaptiveDriver(
         kmax=kmax,
         max_model_len=int(runner.model_config.max_model_len),
-        methods=(*probes, model_method),
+        methods=(*probes, sc.method),
         cost_model=str(options.get("cost_model", DEFAULT_COST_MODEL)),
         policy=str(options.get("policy", "adaptive")),
         ngram=options.get("ngram"),
