@@ -101,3 +101,61 @@ def test_cli_recommend_says_what_vllm_can_run(tmp_path):
     assert js.exit_code == 0, js.output
     rec = json.loads(js.output)
     assert rec["others"]["suffix"]["kind"] == "fixed" and rec["vllm_checked"] == "0.32"
+
+
+def test_grid_prices_k0_where_the_grid_has_it():
+    # a model-based drafter that vLLM runs at k = 0 too: k = 0 is the grid's own figure, not 1.0x
+    grid = {1: {0: 0.96, 1: 1.5, 2: 1.9}, 64: {0: 0.96, 1: 0.9, 2: 0.8}}
+    pts, sp = schedule_from_grid(grid)
+    assert pts == [(1, 2), (64, 0)] and sp == {1: 1.9, 64: 0.96}
+    assert fixed_from_grid(grid)[0] == 2  # k = 0 is never "one fixed k"
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_schedule_k0_pays_the_model_drafters_forward(engine):
+    """vLLM 0.32's EAGLE runs its first forward before it reads k, so a schedule's k = 0 costs one pass per
+    step; n-gram at k = 0 costs nothing. Fast engine and reference loop agree."""
+    from speclab.simulate.api import simulate
+
+    cm = get_cost_model(CM)
+    traces = with_methods(("ngram", "eagle3"), n=8)
+    res = simulate(
+        traces, cm, ["schedule:ngram:1=0", "schedule:eagle3:1=0"], "continuous", [1, 8], engine=engine
+    )
+    for b in (1, 8):
+        ng = next(r for r in res if r.policy.startswith("schedule:ngram") and r.batch_size == b)
+        ea = next(r for r in res if r.policy.startswith("schedule:eagle3") and r.batch_size == b)
+        assert ng.speedup == pytest.approx(1.0)
+        d = cm.draft_for("eagle3")
+        assert d.form == "chained"
+        assert ea.speedup < 1.0  # one pass per step, nothing drafted
+        # same steps and target work; the difference is the drafter's pass, at least its constant per
+        # decode step (prefill-only steps run no pass)
+        assert ea.steps == ng.steps and ea.time_split_s["verify"] == pytest.approx(ng.time_split_s["verify"])
+        assert ng.time_split_s["propose"] == 0.0
+        decode_steps = ng.steps - len(traces) // b  # at most this many steps hold a running request
+        assert ea.time_split_s["propose"] >= d.const * decode_steps * 0.5
+        assert ea.time_split_s["propose"] <= ea.steps * (d.const + d.kv * 1e6)
+
+
+def test_fast_and_reference_agree_on_a_model_drafter_schedule():
+    from speclab.simulate.api import simulate
+
+    traces = with_methods(("eagle3",), n=8)
+    pol = ["schedule:eagle3:1=2,4=0"]
+    fast = simulate(traces, CM, pol, "continuous", [1, 8], engine="fast")
+    ref = simulate(traces, CM, pol, "continuous", [1, 8], engine="reference")
+    for a, b in zip(fast, ref, strict=True):
+        assert a.batch_size == b.batch_size and a.steps == b.steps
+        assert a.speedup == pytest.approx(b.speedup, rel=1e-9)
+        assert a.time_split_s["propose"] == pytest.approx(b.time_split_s["propose"], rel=1e-9)
+
+
+def test_speedup_grid_has_k0_for_model_drafters_only():
+    from speclab.simulate.adaptive.schedule import speedup_grid
+
+    traces = with_methods(("ngram", "eagle3"), n=8)
+    g_ea = speedup_grid(traces, CM, "eagle3", [1, 8], kmax=3)
+    g_ng = speedup_grid(traces, CM, "ngram", [1, 8], kmax=3)
+    assert all(0 in row and row[0] < 1.0 for row in g_ea.values())
+    assert all(0 not in row for row in g_ng.values())

@@ -446,21 +446,26 @@ def step_costs(
                 continue
             mx = np.zeros(G, dtype=np.int64)
             np.maximum.at(mx, ks, sm)
+            # passes the drafter runs: the most drafts asked for, at least one at every step with a running
+            # request where the engine runs it anyway (policy.drafter_always_runs)
+            always = policy.drafter_always_runs & (np.bincount(keys, minlength=G) > 0)
+            passes = np.where(always, np.maximum(mx, 1), mx)
             if cost.form == "forwards":
                 draft += forwards_charge(
-                    cost, mx, np.bincount(sch.start, minlength=G) > 0, policy, kv, vt, nreq
+                    cost, passes, np.bincount(sch.start, minlength=G) > 0, policy, kv, vt, nreq
                 )
                 continue
             if cost.form == "linear" and draft_kv == "request":
                 own = cost.kv * (ta.prompt_len[st.req[sel]] + st.pos[sel] - 1) + cost.num_spec * sm
                 best = np.full(G, -np.inf)
                 np.maximum.at(best, ks, own)
-                draft += np.where(np.isfinite(best), best + cost.const, 0.0)
+                # a step where only the always-run forward happens: its constant part
+                draft += np.where(np.isfinite(best), best + cost.const, np.where(always, cost.const, 0.0))
             elif cost.form == "linear":
-                used = np.bincount(ks, minlength=G) > 0
+                used = (np.bincount(ks, minlength=G) > 0) | always
                 draft += np.where(used, cost.kv * kv + cost.num_spec * mx + cost.const, 0.0)
             else:  # chained
-                draft += mx * (cost.kv * kv + cost.const) + cost.num_spec * np.bincount(
+                draft += passes * (cost.kv * kv + cost.const) + cost.num_spec * np.bincount(
                     ks, weights=spec_sum[sel], minlength=G
                 )
     overhead = np.asarray(cm.overhead_time(nreq, spec), dtype=np.float64) * np.ones(G)

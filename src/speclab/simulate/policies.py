@@ -130,6 +130,11 @@ class Policy:
     # model-free methods whose proposer runs at every SD step of every running request besides the chosen
     # one (to read StepView.hindsight); charged as that method's drafting at every such step
     probes: tuple[str, ...] = ()
+    # True where the engine runs a model-based drafter (any form but verify_fraction) at every step with a
+    # running request even when it proposes nothing: vLLM 0.32's EAGLE / draft-model proposer runs its first
+    # forward over the step's tokens before it reads k (a batch-size schedule's k = 0 keeps the drafter's KV
+    # cache in sync, v1/spec_decode/llm_base_proposer.py), so such a step pays one pass
+    drafter_always_runs: bool = False
     # the simulation's cost model (set by simulate(); None when a policy is driven directly)
     cost_model: Any = None
     extra: dict = field(default_factory=dict)

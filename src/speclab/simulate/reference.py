@@ -158,6 +158,10 @@ def reference_timing(
             if running and not study:  # probes run at every step of every running request
                 for name in policy.probes:
                     per_method.setdefault(name, []).append((0, 0, 0))
+            if running and not study and policy.drafter_always_runs:  # runs at k = 0 too (one pass)
+                for name in {policy.charge_as or m for m in policy.methods}:
+                    if cm.draft_for(name).form != "verify_fraction":
+                        per_method.setdefault(name, [])
             if new and not study:  # a "forwards" drafter also runs in a step of prefills only
                 for name in {policy.charge_as or m for m in policy.methods}:
                     if cm.draft_for(name).form == "forwards":
@@ -166,20 +170,24 @@ def reference_timing(
                 cost = cm.draft_for(name)
                 items = per_method[name]
                 mx = max((it[0] for it in items), default=0)
+                always = bool(running) and policy.drafter_always_runs and cost.form != "verify_fraction"
+                passes = max(mx, 1) if always else mx
                 if cost.form == "forwards":
                     draft += float(
-                        forwards_charge(cost, np.array(mx), np.array(bool(new)), policy, kv, vtok, nreq)
+                        forwards_charge(cost, np.array(passes), np.array(bool(new)), policy, kv, vtok, nreq)
                     )
                 elif cost.form == "verify_fraction":
                     draft += cost.fraction * verify if mx > 0 or name in policy.probes else 0.0
                 elif cost.form == "linear":
                     # per request kv*kv_tokens + num_spec*spec + const; the step pays the max over requests
+                    # (only the constant where the always-run forward is the step's only drafting)
                     draft += max(
-                        cost.kv * (kv if draft_kv == "batch" else own) + cost.num_spec * s + cost.const
-                        for s, _, own in items
-                    )
+                        (cost.kv * (kv if draft_kv == "batch" else own) + cost.num_spec * s + cost.const
+                         for s, _, own in items),
+                        default=cost.const + (cost.kv * kv if draft_kv == "batch" else 0.0),
+                    )  # fmt: skip
                 else:
-                    draft += sum(cost.kv * kv + cost.const for _ in range(mx)) + cost.num_spec * sum(
+                    draft += sum(cost.kv * kv + cost.const for _ in range(passes)) + cost.num_spec * sum(
                         it[1] for it in items
                     )
             overhead = float(cm.overhead_time(nreq, spec_tok))

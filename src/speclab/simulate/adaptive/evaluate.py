@@ -31,6 +31,7 @@ from speclab.simulate.adaptive.schedule import (
     schedule_spec,
     schedule_support,
     vllm_config,
+    zero_k_policy,
 )
 from speclab.simulate.adaptive.survival import prior_trained_on
 from speclab.simulate.api import simulate
@@ -55,7 +56,10 @@ def evaluate_set(
     if len(methods) > 1:
         extra = [f"select-ema:{','.join(methods)}:5"]
     extra += [f"adaptive-k:{m}:8" for m in methods]
-    res = simulate(traces, cm, ["none", *fixed, *oracles, *extra], "continuous", sizes)
+    # a schedule's k = 0 for a model-based drafter (it still runs one forward per step): priced, not 1.0x
+    zero = {m: z for m in methods if (z := zero_k_policy(m, cm))}
+    res_all = simulate(traces, cm, ["none", *fixed, *oracles, *extra, *zero.values()], "continuous", sizes)
+    res = [r for r in res_all if r.policy not in zero.values()]
     rows: list[dict[str, Any]] = []
     best_static: dict[int, tuple[str, float]] = {}
     for r in res:
@@ -73,9 +77,11 @@ def evaluate_set(
     sched = {}
     for m in methods:
         grid: dict[int, dict[int, float]] = {b: {} for b in sizes}
-        for r in res:
+        for r in res_all:
             if r.policy.startswith(f"fixed:{m}:"):
                 grid[r.batch_size][int(r.policy.rsplit(":", 1)[1])] = r.speedup
+            elif r.policy == zero.get(m):
+                grid[r.batch_size][0] = r.speedup
         if schedule_support(m)[0]:
             sched[m] = schedule_spec(m, schedule_from_grid(grid)[0])
         else:

@@ -54,7 +54,7 @@ def _schedule(spec: str, args: list[str], opts: dict) -> Policy:
     sched = parse_schedule(args[1], spec)
     canon = f"schedule:{m}:" + ",".join(f"{b}={k}" for b, k in sched)
     return BatchSchedule(
-        spec=canon, methods=(m,), uses_batch_size=True, uses_occupancy=True,
+        spec=canon, methods=(m,), uses_batch_size=True, uses_occupancy=True, drafter_always_runs=True,
         extra={"starts": np.array([b for b, _ in sched]), "ks": np.array([k for _, k in sched])},
     )  # fmt: skip
 
@@ -115,24 +115,40 @@ def speedup_grid(
     traces: list[RequestTrace], cm: CostModel | str, method: str, batch_sizes: list[int], kmax: int = 8,
     **opts: Any,
 ) -> dict[int, dict[int, float]]:  # fmt: skip
-    """{batch size: {k: speedup of fixed:METHOD:k}} (continuous batching, steady state), k = 1..kmax."""
+    """{batch size: {k: speedup of fixed:METHOD:k}} (continuous batching, steady state), k = 1..kmax. For a
+    model-based method that vLLM runs on a schedule, also k = 0: in vLLM 0.32 such a drafter still runs its
+    first forward where a schedule says k = 0 (Policy.drafter_always_runs), so k = 0 is not free no-SD."""
     from speclab.simulate.api import simulate
 
     kmax = min(kmax, min(t.methods[method].k_max for t in traces))
     pols = [f"fixed:{method}:{k}" for k in range(1, kmax + 1)]
+    zero = zero_k_policy(method, cm)
     grid: dict[int, dict[int, float]] = {b: {} for b in batch_sizes}
-    for r in simulate(traces, cm, pols, "continuous", list(batch_sizes), **opts):
-        grid[r.batch_size][int(r.policy.rsplit(":", 1)[1])] = r.speedup
+    for r in simulate(traces, cm, pols + ([zero] if zero else []), "continuous", list(batch_sizes), **opts):
+        grid[r.batch_size][0 if r.policy == zero else int(r.policy.rsplit(":", 1)[1])] = r.speedup
     return grid
 
 
+def zero_k_policy(method: str, cm: CostModel | str) -> str | None:
+    """The simulator policy for a schedule's k = 0 where it is not free no-SD: a model-based drafter
+    (priced other than verify_fraction) that vLLM runs on a schedule still runs one forward per step
+    (Policy.drafter_always_runs). None where k = 0 is plain no-SD."""
+    from speclab.costmodel import get_cost_model
+
+    cost = get_cost_model(cm).draft.get(method)
+    if not schedule_support(method)[0] or cost is None or cost.form == "verify_fraction":
+        return None
+    return f"schedule:{method}:1=0"
+
+
 def schedule_from_grid(grid: dict[int, dict[int, float]]) -> tuple[list[tuple[int, int]], dict[int, float]]:
-    """Per batch size the fastest k (0 = no SD where none beats it) as (B, k) change points, and the
-    speedup at each batch size."""
+    """Per batch size the fastest k as (B, k) change points, and the speedup at each batch size. k = 0 is
+    no SD (1.0x) unless the grid prices it (a model-based drafter that vLLM runs at k = 0 too)."""
     best: dict[int, tuple[int, float]] = {}
     for b, row in grid.items():
+        best[b] = (0, row.get(0, 1.0))
         for k, sp in sorted(row.items()):
-            if sp > best.get(b, (0, 1.0))[1]:
+            if k > 0 and sp > best[b][1]:
                 best[b] = (k, sp)
     pts: list[tuple[int, int]] = []
     for b in sorted(grid):
@@ -148,7 +164,7 @@ def schedule_from_grid(grid: dict[int, dict[int, float]]) -> tuple[list[tuple[in
 def fixed_from_grid(grid: dict[int, dict[int, float]]) -> tuple[int, dict[int, float]]:
     """The one k with the best mean speedup over the batch sizes (for proposers that cannot follow a
     schedule), and its speedup at each batch size."""
-    ks = sorted(set.intersection(*(set(r) for r in grid.values())))
+    ks = sorted(set.intersection(*(set(r) for r in grid.values())) - {0})
     k = max(ks, key=lambda x: (float(np.mean([grid[b][x] for b in grid])), -x))
     return k, {b: grid[b][k] for b in sorted(grid)}
 
