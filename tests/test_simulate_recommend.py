@@ -159,3 +159,10 @@ def test_speedup_grid_has_k0_for_model_drafters_only():
     g_ng = speedup_grid(traces, CM, "ngram", [1, 8], kmax=3)
     assert all(0 in row and row[0] < 1.0 for row in g_ea.values())
     assert all(0 not in row for row in g_ng.values())
+
+
+def test_only_base_proposer_methods_run_at_k0():
+    from speclab.simulate.policies import make_policy
+
+    for m, runs in (("ngram", False), ("eagle3", True), ("eagle", True), ("draft_model", True)):
+        assert make_policy(f"schedule:{m}:1=2,8=0").drafter_always_runs is runs
