@@ -158,13 +158,13 @@ def reference_timing(
             if running and not study:  # probes run at every step of every running request
                 for name in policy.probes:
                     per_method.setdefault(name, []).append((0, 0, 0))
-            if running and not study and policy.drafter_always_runs:  # runs at k = 0 too (one pass)
+            if not study:
                 for name in {policy.charge_as or m for m in policy.methods}:
-                    if cm.draft_for(name).form != "verify_fraction":
-                        per_method.setdefault(name, [])
-            if new and not study:  # a "forwards" drafter also runs in a step of prefills only
-                for name in {policy.charge_as or m for m in policy.methods}:
-                    if cm.draft_for(name).form == "forwards":
+                    form = cm.draft_for(name).form
+                    # a model drafter the engine runs at k = 0 too (one pass), and a "forwards" drafter in a
+                    # step of prefills only
+                    always = running and policy.drafter_always_runs and form != "verify_fraction"
+                    if always or (new and form == "forwards"):
                         per_method.setdefault(name, [])
             for name in sorted(per_method):
                 cost = cm.draft_for(name)

@@ -19,6 +19,7 @@ import numpy as np
 
 from speclab.costmodel.model import CostModel
 from speclab.errors import ConfigError
+from speclab.methods.catalog import MODEL_BASED
 from speclab.simulate.policies import Policy, StepView, _int, _method, register_policy
 from speclab.traces.model import RequestTrace
 
@@ -54,7 +55,7 @@ def _schedule(spec: str, args: list[str], opts: dict) -> Policy:
     sched = parse_schedule(args[1], spec)
     canon = f"schedule:{m}:" + ",".join(f"{b}={k}" for b, k in sched)
     return BatchSchedule(
-        spec=canon, methods=(m,), uses_batch_size=True, uses_occupancy=True, drafter_always_runs=m in RUNS_AT_K0,
+        spec=canon, methods=(m,), uses_batch_size=True, uses_occupancy=True, drafter_always_runs=m in MODEL_BASED,
         extra={"starts": np.array([b for b, _ in sched]), "ks": np.array([k for _, k in sched])},
     )  # fmt: skip
 
@@ -83,9 +84,9 @@ register_policy(
 #   proposer drafts what it likes up to num_speculative_tokens: one fixed k only.
 VLLM_CHECKED = "0.32"
 HONOURS_SCHEDULE = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
-# of those, the ones SpecDecodeBaseProposer runs: its first forward over the step's tokens comes before it
-# reads k (llm_base_proposer.py:600-627), so a schedule's k = 0 still costs one drafter pass per step
-RUNS_AT_K0 = ("eagle", "eagle3", "mtp", "draft_model")
+# Model-based drafters (speclab.methods.catalog.MODEL_BASED) all run in SpecDecodeBaseProposer, whose first
+# forward over the step's tokens comes before it reads k (llm_base_proposer.py:600-627): a schedule's k = 0
+# still costs them one drafter pass per step.
 WHY_FIXED = {
     "suffix": "vLLM 0.32's suffix proposer asserts k == num_speculative_tokens "
     "(v1/spec_decode/suffix_decoding.py:43) and crashes the engine where a schedule changes k",
@@ -134,12 +135,15 @@ def speedup_grid(
 
 def zero_k_policy(method: str, cm: CostModel | str) -> str | None:
     """The simulator policy for a schedule's k = 0 where it is not free no-SD: a model-based drafter that
-    vLLM runs on a schedule (RUNS_AT_K0) still runs one forward per step (Policy.drafter_always_runs), where
-    the cost model prices its passes (any form but verify_fraction). None where k = 0 is plain no-SD."""
+    vLLM runs on a schedule (MODEL_BASED and schedule_support) still runs one forward per step
+    (Policy.drafter_always_runs), where the cost model prices its passes (any form but verify_fraction). None
+    where k = 0 is plain no-SD."""
     from speclab.costmodel import get_cost_model
 
     cost = get_cost_model(cm).draft.get(method)
-    if method not in RUNS_AT_K0 or cost is None or cost.form == "verify_fraction":
+    if method not in MODEL_BASED or not schedule_support(method)[0] or cost is None:
+        return None
+    if cost.form == "verify_fraction":
         return None
     return f"schedule:{method}:1=0"
 
