@@ -1,6 +1,7 @@
 """The live adaptive proposer's own time per engine step, offline, on a bench run's real requests.
 
     python benchmarks/bench_adaptive_driver.py RUN [--batch 1,4,16] [--repeats 3] [--variants python,vllm]
+    python benchmarks/bench_adaptive_driver.py RUN --hybrid 0.56 [--variants shortcut,grid]
 
 RUN is a `speclab bench` run directory with a no-SD engine (prompts from its job.json, greedy outputs from its
 cells). Each workload's requests are played through `AdaptiveDriver` at each batch size with
@@ -9,6 +10,12 @@ the n-gram probe (`python`: speclab's incremental index; `vllm`: vLLM's compiled
 interleaved within each repeat. Prints the mean milliseconds per driver call (total driver time over
 calls: what the engine pays per step, prompt indexing included) per variant and the ratio,
 with the spread over repeats and the load average, so the comparison is side by side in one run.
+
+--hybrid HIT: the hybrid's driver (speclab.methods.hybrid_live: probes n-gram and suffix plus an engine
+drafter, eagle3, up to 3 passes), the drafter stood in by one that drafts the true next token with
+probability HIT per position (its own time is not the engine's; the stand-in costs microseconds). Its
+variants: `shortcut` (as shipped: goodput._all_off answers all-off steps without the pass grid) and `grid`
+(the shortcut disabled: every step through the grid), to measure what the shortcut saves.
 """
 
 from __future__ import annotations
@@ -19,8 +26,11 @@ import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from speclab.engine.protocol import read_job, read_results
 from speclab.methods.adaptive_live import AdaptiveDriver, play_engine
+from speclab.simulate.adaptive import goodput
 
 
 def load_requests(run: Path) -> dict[str, list[tuple[list[int], list[int]]]]:
@@ -43,6 +53,20 @@ def load_requests(run: Path) -> dict[str, list[tuple[list[int], list[int]]]]:
     return out
 
 
+def stand_in(reqs: list[tuple[list[int], list[int]]], hit: float):
+    """A drafter right with probability `hit` at each (request, position, depth), the same answer to the
+    same question (seeded by it)."""
+
+    def draft(i: int, pos: int, p: int) -> list[int]:
+        out = reqs[i][1]
+        return [
+            out[pos + j] if pos + j < len(out) and np.random.default_rng([i, pos, j]).random() < hit else -1
+            for j in range(p)
+        ]
+
+    return draft
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path)
@@ -51,8 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="python,vllm", help="n-gram probe implementations to compare")
     ap.add_argument("--kmax", type=int, default=8)
     ap.add_argument("--cost-model", default=None, help="default: the live proposer's")
+    ap.add_argument("--hybrid", type=float, default=None, metavar="HIT", help="the hybrid's driver (above)")
     args = ap.parse_args(argv)
     reqs = load_requests(args.run)
+    if args.hybrid is not None and args.variants == "python,vllm":
+        args.variants = "shortcut,grid"
     variants = args.variants.split(",")
     extra = {"cost_model": args.cost_model} if args.cost_model else {}
     print(f"# load average at start: {os.getloadavg()}", flush=True)
@@ -65,9 +92,24 @@ def main(argv: list[str] | None = None) -> int:
             calls: dict[str, int] = {}
             for _ in range(args.repeats):
                 for v in variants:  # interleaved: a slow phase of the machine hits every variant
-                    drv = AdaptiveDriver(kmax=args.kmax, max_model_len=4096, ngram_impl=v, **extra)
                     timer: list[float] = []
-                    play_engine(drv, rs, b, timer=timer)
+                    if args.hybrid is None:
+                        drv = AdaptiveDriver(kmax=args.kmax, max_model_len=4096, ngram_impl=v, **extra)
+                        play_engine(drv, rs, b, timer=timer)
+                    else:
+                        if v not in ("shortcut", "grid"):
+                            raise SystemExit(f"--hybrid variants: shortcut, grid (got {v!r})")
+                        drv = AdaptiveDriver(
+                            kmax=args.kmax, max_model_len=4096, methods=("ngram", "suffix", "eagle3"),
+                            model_drafter=True, kmax_model=3, **extra,
+                        )  # fmt: skip
+                        all_off = goodput._all_off
+                        if v == "grid":
+                            goodput._all_off = lambda *a: False  # type: ignore[assignment]
+                        try:
+                            play_engine(drv, rs, b, timer=timer, drafter=stand_in(rs, args.hybrid))
+                        finally:
+                            goodput._all_off = all_off  # type: ignore[assignment]
                     per[v].append(1e3 * sum(timer) / len(timer))
                     calls[v] = len(timer)
             base = statistics.median(per[variants[0]])

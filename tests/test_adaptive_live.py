@@ -429,3 +429,46 @@ def test_pass_grid_cut_changes_no_choice(seed: int, monkeypatch: pytest.MonkeyPa
     full = goodput.batch_choice(*args)
     assert all(np.array_equal(a, b) for a, b in zip(cut, full, strict=True))
     assert (cut[0] == 1).any()  # the head is chosen somewhere, so the pass count mattered
+
+
+@pytest.mark.parametrize("lookahead", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_all_off_shortcut_changes_no_choice(
+    seed: int, lookahead: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """batch_choice answers "off" for all without its pass grid only where the grid would say the same
+    (goodput._all_off): random batches, the live table cost model and a linear one, rows from hopeless to
+    long copies; the shortcut must fire on some of them and not on others."""
+    from speclab.costmodel import get_cost_model
+    from speclab.simulate.adaptive import goodput
+
+    rng = np.random.default_rng(seed)
+    fired = kept = 0
+    certified: list[bool] = []
+    all_off = goodput._all_off
+    monkeypatch.setattr(goodput, "_all_off", lambda *a: certified.append(all_off(*a)) or certified[-1])
+    live = get_cost_model("smollm2-135m-cpu-live")
+    for cm in (live, with_head()):
+        if "eagle3" not in cm.draft:
+            cm = CostModel(cm.name, cm.target, {**cm.draft, "eagle3": with_head().draft["eagle3"]},
+                           overhead_per_step=cm.overhead_per_step)  # fmt: skip
+        for trial in range(40):
+            n = int(rng.integers(2, 17))
+            scale = rng.choice([0.05, 0.3, 0.6, 0.95])
+            surv = [
+                np.sort(rng.random((n, 8)), axis=1)[:, ::-1] * scale * rng.random((n, 1)),
+                np.sort(rng.random((n, 8)), axis=1)[:, ::-1] * scale * rng.random((n, 1)),
+                np.cumprod(np.full((n, 3), 0.2 + 0.75 * rng.random((n, 1)) * scale), axis=1),
+            ]
+            occ = np.full(n, float(n))
+            args = (cm, ("ngram", "suffix", "eagle3"), surv, [8, 8, 3], occ, np.full(n, 300.0 * n),
+                    ("ngram", "suffix"), np.zeros(n, np.int64))  # fmt: skip
+            fast = goodput.batch_choice(*args, lookahead=lookahead)
+            full = goodput.batch_choice(*args, lookahead=lookahead, shortcut=False)
+            assert all(np.array_equal(a, b) for a, b in zip(fast, full, strict=True)), (trial, cm.name)
+            if (full[1] == 0).all():
+                fired += certified[-1]
+            else:
+                kept += 1
+                assert not certified[-1]
+    assert fired > 10 and kept > 10, (fired, kept)

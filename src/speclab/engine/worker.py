@@ -452,11 +452,24 @@ def run_job(job: Job, out: str) -> int:
 
 
 def _run_one(engine: Engine, cell: CellSpec, job: Job, out: str) -> None:
+    # SPECLAB_CPROFILE=DIR: a cProfile of each cell to DIR/CELL_ID.prof (where the time outside the model
+    # goes; it slows the cell, so its speed means nothing)
+    prof_dir = os.environ.get("SPECLAB_CPROFILE")
+    profile = None
+    if prof_dir:
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
     try:
         res = engine.run_cell(cell)
     except Exception as exc:
         traceback.print_exc()
         res = _failed(cell, _short(exc), engine.info)
+    if profile is not None:
+        profile.disable()
+        Path(prof_dir).mkdir(parents=True, exist_ok=True)
+        profile.dump_stats(str(Path(prof_dir) / f"{cell.cell_id}.prof"))
     append_result(out, res)
     if res.status == "ok" and job.timings_csv:
         try:
@@ -465,10 +478,11 @@ def _run_one(engine: Engine, cell: CellSpec, job: Job, out: str) -> None:
             print(f"speclab worker: cannot append timings: {exc}", file=sys.stderr)
     hybrid = getattr(engine, "hybrid", None)
     if hybrid is not None:  # the hybrid's decisions in this cell (rows per choice, steps per head passes)
-        print(f"speclab worker: hybrid decisions {hybrid.counts}, head passes {dict(sorted(hybrid.passes.items()))}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"speclab worker: hybrid decisions {hybrid.counts}, head passes {dict(sorted(hybrid.passes.items()))}, "
+              f"steps sampled plainly {hybrid.plain_steps}", file=sys.stderr, flush=True)  # fmt: skip
         hybrid.counts = dict.fromkeys(hybrid.counts, 0)
         hybrid.passes = {}
+        hybrid.plain_steps = 0
     print(
         f"speclab worker: cell {cell.cell_id}: {res.status}"
         + (

@@ -20,7 +20,8 @@ num_speculative_tokens = the most drafts any method may give (the probes' kmax).
 
 Options (the engine's `proposer_options`): `methods` (model-free probes, default ["ngram", "suffix"]),
 `kmax` (probes, <= k), `kmax_model` (EAGLE passes, default 3), `catch_up` (run the head's forward at
-P = 0 too, default false), `cost_model` (must price the drafter, form
+P = 0 too, default false), `plain_sampling` (steps where no row drafts skip vLLM's rejection sampler,
+default true: `_sample_plainly_without_drafts`), `cost_model` (must price the drafter, form
 `chained`; default smollm2-135m-cpu-live), `policy`, `ngram`, `suffix` as for SpeclabAdaptiveProposer.
 """
 
@@ -31,7 +32,9 @@ from typing import Any
 from speclab.errors import ConfigError
 from speclab.methods.catalog import HYBRID_METHODS
 
-HYBRID_KEYS = ("methods", "kmax", "kmax_model", "cost_model", "policy", "ngram", "suffix", "catch_up")
+HYBRID_KEYS = (
+    "methods", "kmax", "kmax_model", "cost_model", "policy", "ngram", "suffix", "catch_up", "plain_sampling",
+)  # fmt: skip
 
 
 def install(runner: Any, options: dict[str, Any]) -> Any:
@@ -51,6 +54,7 @@ def install(runner: Any, options: dict[str, Any]) -> Any:
         )
     options = dict(options)
     catch_up = bool(options.pop("catch_up", False))
+    plain_sampling = bool(options.pop("plain_sampling", True))
     bad = sorted(set(options) - set(HYBRID_KEYS))
     if bad:
         raise ConfigError(f"hybrid adaptive proposer: unknown option(s) {bad} (have {list(HYBRID_KEYS)})")
@@ -97,4 +101,29 @@ def install(runner: Any, options: dict[str, Any]) -> Any:
         return driver.step(sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu, draft_model)
 
     runner.propose_draft_token_ids = propose_draft_token_ids
+    driver.plain_steps = 0  # steps sampled without the rejection sampler (logged per cell by the worker)
+    if plain_sampling:
+        _sample_plainly_without_drafts(runner, driver)
     return driver
+
+
+def _sample_plainly_without_drafts(runner: Any, driver: Any) -> None:
+    """A step in which no row has drafts is sampled by vLLM's plain sampler, as a no-SD engine samples it.
+
+    With a speculative config, vLLM 0.32's runner builds spec-decode metadata for every step and sends it
+    through the rejection sampler even when every row's draft count is 0 (`_prepare_input_ids` /
+    `_sample` in v1/worker/gpu_model_runner.py); on this CPU that path costs ~1.1-1.5 ms per step at B = 16
+    (cProfile of a bench cell, docs/adaptive.md), ~2% of a decode step, paid at every step where the
+    hybrid has switched itself off. With no drafts the rejection sampler samples each row's one (bonus)
+    position with the same sampler, so the tokens are the same (the bench checks token-exactness); its
+    output then has one column, which the runner's bookkeeping reads as a no-SD step. Steps with drafts
+    are untouched."""
+    orig = runner._sample
+
+    def _sample(logits: Any, spec_decode_metadata: Any) -> Any:
+        if spec_decode_metadata is not None and not any(spec_decode_metadata.num_draft_tokens):
+            spec_decode_metadata = None
+            driver.plain_steps += 1
+        return orig(logits, spec_decode_metadata)
+
+    runner._sample = _sample

@@ -71,6 +71,7 @@ def batch_choice(
     group: np.ndarray,
     iters: int = 3,
     lookahead: bool = False,
+    shortcut: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Choices that maximise a whole batch's expected goodput (sum of E over the step time T).
 
@@ -84,7 +85,10 @@ def batch_choice(
     lookahead (adaptive-survival): a copy the model-free probes see is not lost when another choice is made
     now: the probes find it again at the next position, where a later step can take the rest. Each option
     is then also credited with the copy it leaves in progress (`carry`), valued as that later step (its
-    tokens less lam times its time); without it, a probe's long tail counts as lost unless taken now."""
+    tokens less lam times its time); without it, a probe's long tail counts as lost unless taken now.
+
+    shortcut: answer "off" for all without the pass grid where its first round shows that is the answer
+    (`_all_off`; the same choices, tests/test_adaptive_goodput.py); False for the tests' comparison."""
     n = len(occ)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -172,6 +176,8 @@ def batch_choice(
         kvr, sr = kv_g[group][:, None], seqs_g[group][:, None]
         extra = (np.asarray(tc.time(kvr, sr + WK, sr + WK)) - np.asarray(tc.time(kvr, sr, sr))) * (1 + frac)
     else:
+        if shortcut and _all_off(w, E, S0 + WK * tok_g[group][:, None], seqs_g / base_g, group):
+            return M[:, 0].astype(np.int64), K[:, 0].astype(np.int64)
         added = _Added(tc, kv_g, seqs_g, max(kmax, default=0))  # forward time added by d drafts per batch
     for P in _pass_grid(Pn) if mb else (0,):
         allowed = Pn <= P
@@ -209,6 +215,17 @@ def batch_choice(
         best_g = np.where(better, lam, best_g)
         best_i = np.where(better[group], i, best_i)
     return M[r, best_i].astype(np.int64), K[r, best_i].astype(np.int64)
+
+
+def _all_off(w: np.ndarray, E: np.ndarray, S: np.ndarray, lam0: np.ndarray, group: np.ndarray) -> bool:
+    """Whether the iteration below would answer "off" for every request, decided from its first round
+    alone: at the all-off goodput lam0 and the first slope, no option of any request scores above off
+    (column 0), with every pass count allowed (a pass grid value only removes options). Then each round
+    re-reads the same all-off step (lam stays lam0, the slope stays the first one) and no pass count
+    improves on it, so the answer is off, computed without the grid: most steps at a large batch, where
+    the live proposer's time per step is what it costs (docs/adaptive.md)."""
+    score = w[:, None] * E - lam0[group][:, None] * S
+    return bool((score[:, 1:] <= score[:, :1]).all())
 
 
 def _pass_grid(passes: np.ndarray) -> tuple[int, ...]:
