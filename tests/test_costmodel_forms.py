@@ -209,6 +209,12 @@ def test_fit_cli_piecewise_target_on_decode_rows(tmp_path: Path) -> None:
     assert abs(lin.target.batched - 2e-3) > 0.2 * 2e-3
     with pytest.raises(ConfigError, match="target form"):
         fit_cost_model_report(csv, target_form="cubic")
+    binned = tmp_path / "tb.toml"
+    res = CliRunner().invoke(command, [*args[:3], str(binned), "--target-form", "table", "--table-bins"])
+    assert res.exit_code == 0, res.output
+    assert get_cost_model(str(binned)).target.interpolate
+    res = CliRunner().invoke(command, [*args, "--table-bins"])  # bins without the table form
+    assert res.exit_code != 0 and "--table-bins needs --target-form table" in res.output
 
 
 def test_table_form_fit_load_and_lookup(tmp_path: Path) -> None:
@@ -246,6 +252,49 @@ def test_table_form_fit_load_and_lookup(tmp_path: Path) -> None:
             get_cost_model(str(p))
     p.write_text(good.replace('form = "table"', 'form = "piecewise"'))
     with pytest.raises(ConfigError, match="only with form"):
+        get_cost_model(str(p))
+
+
+def test_table_bins_tabulate_sparse_wide_forwards_and_interpolate(tmp_path: Path) -> None:
+    """Wide verifies are spread thin over many token counts (none reaches 20 rows); with bins they are
+    tabulated in runs of 20 rows and read by interpolation, so a concave cost (cheaper per token when wide,
+    as this CPU's forward at batch 16) is followed where the piecewise slope fitted on the many narrow
+    forwards overprices it. Counts with their own entries keep them; beyond the last entry the piecewise
+    slope continues from it; below the first the piecewise terms; `interpolate` round-trips in TOML."""
+    from speclab.costmodel.fit import fit_table
+
+    def truth(b):  # seconds at kv = 0: 2 ms per token to 32 tokens, then 1 ms, then 0.5 ms beyond 96
+        b = np.asarray(b, dtype=np.float64)
+        return 0.03 + 2e-3 * np.minimum(b, 32) + 1e-3 * np.clip(b - 32, 0, 64) + 5e-4 * np.maximum(b - 96, 0)
+
+    rng = np.random.default_rng(5)
+    narrow = rng.integers(1, 33, 3000).astype(float)  # dense: every count has its own entry
+    wide = rng.integers(33, 150, 400).astype(float)  # ~3.4 rows per count: none reaches 20
+    bt = np.concatenate([narrow, wide])
+    kv = rng.integers(0, 3000, len(bt)).astype(float)
+    sec = truth(bt) * (1 + 0.01 * rng.standard_normal(len(bt))) + 1e-6 * kv
+    smooth = PiecewiseTargetCost(kv=1e-6, batched=0.0, const=0.03, knee=8.0, batched_hi=2e-3)
+    plain = fit_table(smooth, kv, bt, sec)
+    binned = fit_table(smooth, kv, bt, sec, bins=True)
+    assert not plain.interpolate and binned.interpolate
+    assert [c for c, _ in plain.table] == list(range(1, 33))
+    keys = [c for c, _ in binned.table]
+    assert keys[:32] == list(range(1, 33)) and len(keys) == 32 + len(wide) // 20 and keys == sorted(keys)
+    probe = np.array([40.0, 64.0, 100.0, 140.0])
+    err_binned = np.abs(np.asarray(binned.time(0.0, probe)) - truth(probe)) / truth(probe)
+    err_plain = np.abs(np.asarray(plain.time(0.0, probe)) - truth(probe)) / truth(probe)
+    assert err_binned.max() < 0.05 and err_plain.max() > 0.25, (err_binned, err_plain)
+    # own entries are hits; beyond the last key: its time plus the piecewise slope; below the first: smooth
+    c7 = dict(binned.table)[7]
+    assert binned.time(500.0, 7) == pytest.approx(c7 + 5e-4)
+    last_c, last_v = binned.table[-1]
+    assert binned.time(0.0, last_c + 10) == pytest.approx(last_v + 10 * 2e-3)
+    assert binned.time(0.0, 0.5) == pytest.approx(float(smooth.time(0.0, 0.5)))
+    p = tmp_path / "b.toml"
+    p.write_text(CostModel(name="b", target=binned, overhead_per_step=0.0).to_toml())
+    assert "interpolate = true" in p.read_text() and get_cost_model(str(p)).target == binned
+    p.write_text(p.read_text().replace("interpolate = true", 'interpolate = "yes"'))
+    with pytest.raises(ConfigError, match="target.interpolate"):
         get_cost_model(str(p))
 
 

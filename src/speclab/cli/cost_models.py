@@ -61,6 +61,12 @@ def show_cmd(name: str) -> None:
     "the measured time of each batched-token count seen in >= 20 rows (CPU kernels are not monotone).",
 )
 @click.option(
+    "--table-bins",
+    is_flag=True,
+    help="With --target-form table: also tabulate the counts seen in fewer than 20 rows, in runs of 20 rows "
+    "sorted by count (one entry per run), and interpolate between entries (wide verifies at large batch).",
+)
+@click.option(
     "--engine-offsets/--no-engine-offsets",
     default=True,
     show_default=True,
@@ -74,12 +80,16 @@ def fit_cmd(
     draft_form: str,
     overhead_form: str,
     target_form: str,
+    table_bins: bool,
     engine_offsets: bool,
 ) -> None:
     """Fit the study's cost-model form by least squares to TIMINGS: timings CSVs or bench run directories
     (a run directory gives each engine's own timings, so per-engine offsets can be divided out)."""
     from speclab.atomic import atomic_write_text
     from speclab.costmodel.fit import fit_cost_model_report
+
+    if table_bins and target_form != "table":
+        raise click.UsageError("--table-bins needs --target-form table")
 
     model, rep = fit_cost_model_report(
         list(timings),
@@ -88,6 +98,7 @@ def fit_cmd(
         overhead_form=overhead_form,
         target_form=target_form,
         engine_offsets=engine_offsets,
+        table_bins=table_bins,
     )
     header = (
         "# fitted by `speclab cost-models fit`; rows and R^2 per kind:\n"

@@ -221,18 +221,35 @@ def fit_table(
     bt: np.ndarray,
     sec: np.ndarray,
     min_rows: int = TABLE_MIN_ROWS,
+    bins: bool = False,
 ) -> TableTargetCost:
     """The table form over a fitted piecewise one: for each batched-token count with at least `min_rows`
     decode/verify rows, the median of (seconds - kv term) -- a median, so a few preempted steps do not move
-    it; other counts keep the piecewise terms."""
+    it; other counts keep the piecewise terms.
+
+    bins: the rows of the other counts (wide verifies at large batch are spread thin over many counts) are
+    also used: sorted by count and cut into runs of `min_rows` rows (the remainder joins the last run), each
+    run one entry at its median count (rounded; a run centred on a count that has its own entry is
+    dropped), and the table interpolates between entries (TableTargetCost.interpolate)."""
     rest = sec - smooth.kv * kv
     counts, n = np.unique(bt, return_counts=True)
-    table = tuple(
-        (int(c), float(np.median(rest[bt == c])))
+    own = {
+        int(c): float(np.median(rest[bt == c]))
         for c, k in zip(counts, n, strict=True)
         if k >= min_rows and c >= 1
-    )
-    return TableTargetCost(**dataclasses.asdict(smooth), table=table)
+    }
+    if bins:
+        exact = set(own)
+        sparse = ~np.isin(bt, list(exact)) & (bt >= 1)
+        order = np.argsort(bt[sparse], kind="stable")
+        sb, sr = bt[sparse][order], rest[sparse][order]
+        for a in range(0, len(sb) - min_rows + 1, min_rows):
+            b = a + min_rows if len(sb) - (a + min_rows) >= min_rows else len(sb)  # remainder joins
+            c = int(round(float(np.median(sb[a:b]))))
+            if c not in own:  # a run centred on a count with its own entry adds nothing to it
+                own[c] = float(np.median(sr[a:b]))
+    table = tuple(sorted(own.items()))
+    return TableTargetCost(**dataclasses.asdict(smooth), table=table, interpolate=bins)
 
 
 TimingsSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -251,13 +268,15 @@ def fit_cost_model_report(
     overhead_form: str = "mean",
     target_form: str = "linear",
     engine_offsets: bool = True,
+    table_bins: bool = False,
 ) -> tuple[CostModel, FitReport]:
     """As fit_cost_model; overhead_form "mean" (the study's constant per step) or "linear" (a constant plus a
     share per scheduled request and per verified draft token, fit_overhead_linear); target_form "linear"
     (the study's, on every target row), "piecewise" (speclab.costmodel.forms, on the decode and verify
     rows only: a prefill's attention over its prompt is not linear in its tokens, and the piecewise form is
     for what a proposer decides, the decode and verify steps) or "table" (piecewise plus the median time of
-    each batched-token count seen often enough, fit_table).
+    each batched-token count seen often enough, fit_table; table_bins: the sparse counts too, binned and
+    interpolated).
 
     csv_path: a timings CSV, a bench run directory (each engine's own file) or a list of them. With rows
     from more than one engine process and engine_offsets, each engine's persistent speed offset is
@@ -299,9 +318,10 @@ def fit_cost_model_report(
         kv, bt, sec = kv[dec], bt[dec], sec[dec]
         target = fit_piecewise(kv, bt, sec)
         if target_form == "table":
-            target = fit_table(target, kv, bt, sec)
+            target = fit_table(target, kv, bt, sec, bins=table_bins)
             rep.notes.append(
                 f"table: own times for {len(target.table)} batched-token count(s) with >= {TABLE_MIN_ROWS} rows"
+                + (" (sparse counts in runs of that many rows; interpolated)" if table_bins else "")
             )
         r2 = _r2(sec, np.asarray(target.time(kv, bt), dtype=np.float64))
         rep.notes.append(

@@ -71,9 +71,14 @@ class PiecewiseTargetCost(TargetCost):
 @dataclass(frozen=True)
 class TableTargetCost(PiecewiseTargetCost):
     """PiecewiseTargetCost with measured times at kv = 0 for some batched-token counts (`table`: sorted
-    (count, seconds) pairs); other counts fall back to the piecewise terms."""
+    (count, seconds) pairs); other counts fall back to the piecewise terms, or with `interpolate` are read
+    off the straight line between the two table entries around them (beyond the last entry: its time plus
+    the piecewise slope per token). Interpolation is for tables with binned entries where forwards are
+    sparse (wide verifies at large batch: `speclab cost-models fit --table-bins`), where the piecewise
+    slope fitted on the many narrow forwards overprices the wide ones."""
 
     table: tuple[tuple[int, float], ...] = ()
+    interpolate: bool = False
     form = "table"
     _keys: np.ndarray = field(init=False, repr=False, compare=False)
     _vals: np.ndarray = field(init=False, repr=False, compare=False)
@@ -91,14 +96,23 @@ class TableTargetCost(PiecewiseTargetCost):
         bt = np.asarray(batched_tokens, dtype=np.float64)
         i = np.minimum(np.searchsorted(keys, bt), len(keys) - 1)  # np.clip costs more per call
         hit = keys[i] == bt
-        out = np.where(hit, self.kv * np.asarray(kv_tokens, dtype=np.float64) + vals[i], smooth)
+        if self.interpolate:
+            lo = np.maximum(i - 1, 0)
+            span = np.maximum(keys[i] - keys[lo], 1e-12)
+            between = vals[lo] + (vals[i] - vals[lo]) * (bt - keys[lo]) / span
+            beyond = vals[-1] + self.batched_hi * (bt - keys[-1])
+            own = np.where(hit, vals[i], np.where(bt > keys[-1], beyond, between))
+            kv_term = self.kv * np.asarray(kv_tokens, dtype=np.float64)
+            out = np.where(bt < keys[0], smooth, kv_term + own)
+        else:
+            out = np.where(hit, self.kv * np.asarray(kv_tokens, dtype=np.float64) + vals[i], smooth)
         return out if np.ndim(out) else float(out)
 
     def toml_lines(self) -> list[str]:
         lines = super().toml_lines()
         lines[0] = 'form = "table"'
         pairs = ", ".join(f"[{c}, {v!r}]" for c, v in self.table)
-        return [*lines, f"table = [{pairs}]"]
+        return [*lines, *(["interpolate = true"] if self.interpolate else []), f"table = [{pairs}]"]
 
 
 def target_from_toml(form: Any, table: dict[str, Any], where: str) -> TargetCost:
@@ -136,4 +150,7 @@ def target_from_toml(form: Any, table: dict[str, Any], where: str) -> TargetCost
         if pairs and int(e[0]) <= pairs[-1][0]:
             raise ConfigError(f"{bad}; {int(e[0])} after {pairs[-1][0]}")
         pairs.append((int(e[0]), float(e[1])))
-    return TableTargetCost(**vals, table=tuple(pairs))
+    interp = table.get("interpolate", False)
+    if not isinstance(interp, bool):
+        raise ConfigError(f"{where}: field target.interpolate: expected true or false, got {interp!r}")
+    return TableTargetCost(**vals, table=tuple(pairs), interpolate=interp)

@@ -198,7 +198,7 @@ class CostModel:
 
             _no_unknown(
                 tgt_raw,
-                ("form", *_TARGET_KEYS, "knee", "batched_hi", "sampled", "table"),
+                ("form", *_TARGET_KEYS, "knee", "batched_hi", "sampled", "table", "interpolate"),
                 f"{where}: field target",
             )
             target: TargetCost = target_from_toml(tgt_form, tgt_raw, where)

@@ -194,10 +194,14 @@ def batch_choice(
             continue
         lam = seqs_g / base_g  # off: 1 token per sequence
         tok = tok_g
+        prev = None
         for _ in range(iters):
             S = S0 + WK * tok[group][:, None]
             score = np.where(allowed, w[:, None] * E - lam[group][:, None] * S, -np.inf)
             i = score.argmax(axis=1)
+            if prev is not None and np.array_equal(i, prev):
+                break  # the same choices give the same lam and slope: every later round repeats this one
+            prev = i
             tot_e = np.bincount(group, weights=w * E[r, i], minlength=ng)
             used = np.bincount(group, weights=Pn[r, i], minlength=ng) > 0
             drafts = np.bincount(group, weights=WK[r, i], minlength=ng)
