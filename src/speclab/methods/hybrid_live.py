@@ -112,9 +112,9 @@ def _sample_plainly_without_drafts(runner: Any, driver: Any) -> None:
 
     With a speculative config, vLLM 0.32's runner builds spec-decode metadata for every step and sends it
     through the rejection sampler even when every row's draft count is 0 (`_prepare_input_ids` /
-    `_sample` in v1/worker/gpu_model_runner.py); on this CPU that path costs ~1.1-1.5 ms per step at B = 16
-    (cProfile of a bench cell, docs/adaptive.md), ~2% of a decode step, paid at every step where the
-    hybrid has switched itself off. With no drafts the rejection sampler samples each row's one (bonus)
+    `_sample` in v1/worker/gpu_model_runner.py); on this CPU that costs ~0.8 ms per step at B = 16
+    (benchmarks/sd_path_split.py, docs/adaptive.md), paid at every step where the hybrid has switched
+    itself off. With no drafts the rejection sampler samples each row's one (bonus)
     position with the same sampler, so the tokens are the same (the bench checks token-exactness); its
     output then has one column, which the runner's bookkeeping reads as a no-SD step. Steps with drafts
     are untouched."""

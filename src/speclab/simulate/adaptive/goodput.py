@@ -88,7 +88,7 @@ def batch_choice(
     tokens less lam times its time); without it, a probe's long tail counts as lost unless taken now.
 
     shortcut: answer "off" for all without the pass grid where its first round shows that is the answer
-    (`_all_off`; the same choices, tests/test_adaptive_goodput.py); False for the tests' comparison."""
+    (`_all_off`; the same choices, tests/test_adaptive_live.py); False for the tests' comparison."""
     n = len(occ)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
