@@ -5,7 +5,6 @@ step profiler records one propose call per step (one parallel draft forward)."""
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 
 import pytest
 
@@ -19,8 +18,8 @@ K = 3
 
 
 def _run(d, target, method, k, options, prompts):
-    from speclab.engine.launch import launch_worker
-    from speclab.engine.protocol import CellSpec, EngineSpec, Job, read_results, write_job
+    from speclab.engine.protocol import CellSpec, EngineSpec, Job, read_results
+    from worker_run import run_worker_job
 
     d.mkdir()
     job = Job(
@@ -28,15 +27,7 @@ def _run(d, target, method, k, options, prompts):
         [CellSpec("replicate-b1", "replicate", 1, MAX_TOKENS, prompts)],
         timings_csv=str(d / "timings.csv"),
     )
-    write_job(job, d / "job.json")
-    with open(d / "worker.log", "w") as log:
-        proc = launch_worker(d / "job.json", d / "cells.jsonl", log=log)
-        try:
-            rc = proc.wait(timeout=900)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert rc == 0, (d / "worker.log").read_text()[-3000:]
+    run_worker_job(d, job)
     (res,) = read_results(d / "cells.jsonl")
     assert res.status == "ok", res.error
     return res

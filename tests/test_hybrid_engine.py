@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import subprocess
 
 import pytest
 
@@ -47,20 +46,11 @@ def _save_untrained_head(target, out) -> None:
 
 
 def _run(d, engine, cells):
-    from speclab.engine.launch import launch_worker
-    from speclab.engine.protocol import Job, read_results, write_job
+    from speclab.engine.protocol import Job, read_results
+    from worker_run import run_worker_job
 
     d.mkdir()
-    write_job(Job(engine, cells, timings_csv=str(d / "timings.csv")), d / "job.json")
-    with open(d / "worker.log", "w") as log:
-        proc = launch_worker(d / "job.json", d / "cells.jsonl", log=log)
-        try:
-            rc = proc.wait(timeout=900)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    text = (d / "worker.log").read_text()
-    assert rc == 0, text[-3000:]
+    text = run_worker_job(d, Job(engine, cells, timings_csv=str(d / "timings.csv")))
     res = {r.cell_id: r for r in read_results(d / "cells.jsonl")}
     assert all(r.status == "ok" for r in res.values()), {k: r.error for k, r in res.items()}
     return res, text
