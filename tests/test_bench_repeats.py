@@ -378,3 +378,43 @@ def test_contended_pairs_left_out_of_the_median_when_quiet_ones_exist():
     busy = row("none", "none", [10.0, 5.0], loads=[BUSY, BUSY])
     sd2 = paired(busy, row("a", "ngram", [12.0, 12.0]))
     assert sd2["speedup"] == pytest.approx(1.8) and "contended_left_out" not in sd2["speedup_spread"]
+
+
+def test_resuming_a_round_of_repeats_renders_its_prompts(tmp_path, monkeypatch):
+    """A run stopped between rounds of repeats: every cell has an ok row with repeat 1 (and 2), none with
+    repeat 3. Resuming must render the workloads whose cells still miss a repeat (it rendered none and the
+    runner died with KeyError before), and a workload asked for later is rendered then, not a crash."""
+    import json
+
+    from speclab.bench import api
+    from speclab.bench.cells import expand_cells
+    from speclab.bench.preflight import PromptSet
+    from speclab.bench.spec import parse_sweep
+
+    spec = parse_sweep(
+        {"name": "r", "target": "smollm2-135m", "workloads": ["offline-chat", "offline-math"],
+         "batch_sizes": [1], "repeats": 3, "methods": [{"name": "none"}, {"name": "ngram", "k": 3}]},
+        "t",
+    )  # fmt: skip
+    rows = [
+        {"cell_id": c.cell_id, "status": "ok", "runs": [{"repeat": 1}, {"repeat": 2}]}
+        for c in expand_cells(spec)
+    ]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rendered: list[str] = []
+
+    def provider(w: str) -> PromptSet:
+        rendered.append(w)
+        return PromptSet(workload=w, category="chat", prompts=[])
+
+    seen = {}
+
+    def fake_run_sweep(spec, run_dir, prompts, **kw):
+        seen["chat"] = prompts("offline-chat")
+        seen["other"] = prompts("offline-code-edit")  # not in the sweep's upfront set: rendered on demand
+        return "outcome"
+
+    monkeypatch.setattr(api, "run_sweep", fake_run_sweep)
+    assert api.run_bench(spec, tmp_path, prompt_provider=provider, echo=lambda s: None) == "outcome"
+    assert sorted(rendered[:2]) == ["offline-chat", "offline-math"]  # both still miss repeat 3
+    assert rendered[2:] == ["offline-code-edit"] and seen["chat"].prompts == []

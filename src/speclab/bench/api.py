@@ -137,22 +137,33 @@ def run_bench(
     # engine has started
     import fnmatch
 
+    from speclab.bench.repeats import runs_done
+
     store = ResultsStore(run_dir) if Path(run_dir).exists() else None
+    every = set(range(1, int(spec.repeats or 1) + 1))
     todo = {
         c.workload
         for c in expand_cells(spec)
         if store is None
-        or not store.is_ok(c.cell_id)
+        or not every <= runs_done(store.rows.get(c.cell_id))  # a repeat still to run (a resumed round)
         or any(fnmatch.fnmatch(c.cell_id, g) for g in redo or [])
     }
     cache = {w: provider(w) for w in spec.workloads if w in todo}
     for ps in cache.values():
         for note in ps.notes:  # what a request log asked for that the bench does differently
             echo(note)
+
+    def prompts(workload: str) -> PromptSet:
+        # rendered above for every workload with work left; should the runner still ask for another, render
+        # it then rather than fail the run
+        if workload not in cache:
+            cache[workload] = provider(workload)
+        return cache[workload]
+
     return run_sweep(
         spec,
         run_dir,
-        cache.__getitem__,
+        prompts,
         progress=progress,
         echo=echo,
         spec_text=spec_text,
