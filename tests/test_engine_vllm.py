@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import subprocess
 
 import pytest
 
-from speclab.engine.launch import launch_worker
-from speclab.engine.protocol import CellSpec, EngineSpec, Job, PromptSpec, read_results, write_job
+from speclab.engine.protocol import CellSpec, EngineSpec, Job, PromptSpec, read_results
 from speclab.engine.smoke import SMOKE_PROMPTS, render_chat
+from worker_run import run_worker_job  # tests/ is on sys.path
 
 pytestmark = [
     pytest.mark.engine,
@@ -48,15 +47,7 @@ def _run(tmp_path_factory, target, prompts, method, k, options):
         cells,
         timings_csv=str(d / "timings.csv"),
     )
-    write_job(job, d / "job.json")
-    with open(d / "worker.log", "w") as log:
-        proc = launch_worker(d / "job.json", d / "cells.jsonl", log=log)
-        try:
-            rc = proc.wait(timeout=600)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert rc == 0, (d / "worker.log").read_text()[-3000:]
+    run_worker_job(d, job, timeout=600)
     results = {r.cell_id: r for r in read_results(d / "cells.jsonl")}
     assert all(r.status == "ok" for r in results.values()), [r.error for r in results.values()]
     return results, d

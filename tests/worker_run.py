@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 
-def run_worker_job(d: Path, job: Any) -> str:
+def run_worker_job(d: Path, job: Any, timeout: float = 900) -> str:
     """Write `job` (speclab.engine.protocol.Job) to D/job.json, run a worker on it with results in
-    D/cells.jsonl and its log in D/worker.log (killed after 900 s), assert it exited 0; returns the log."""
+    D/cells.jsonl and its log in D/worker.log (killed after `timeout` seconds), assert it exited 0; returns the log."""
     from speclab.engine.launch import launch_worker
     from speclab.engine.protocol import write_job
 
@@ -18,7 +18,7 @@ def run_worker_job(d: Path, job: Any) -> str:
     with open(d / "worker.log", "w") as log:
         proc = launch_worker(d / "job.json", d / "cells.jsonl", log=log)
         try:
-            rc = proc.wait(timeout=900)
+            rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
