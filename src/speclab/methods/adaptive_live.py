@@ -313,16 +313,12 @@ class AdaptiveDriver:
             self._next_slot += 1
             if slot >= self._cap:
                 self._grow()
-        pol = self.policy
-        pol.s[:, slot] = 0.0  # a recycled slot starts from the prior
-        pol.f[:, slot] = 0.0
+        self.policy.reset_request(slot)  # a recycled slot starts from the prior
         return _Request(slot, prompt_len, hist={m: _History() for m in self.probes})
 
     def _grow(self) -> None:
-        pol = self.policy
-        pol.s = np.pad(pol.s, ((0, 0), (0, self._cap)))
-        pol.f = np.pad(pol.f, ((0, 0), (0, self._cap)))
         self._cap *= 2
+        self.policy.grow(self._cap)
 
     # --- one engine step -------------------------------------------------------------------------------
     def step(

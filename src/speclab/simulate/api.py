@@ -303,7 +303,8 @@ def _run_group(
         else:
 
             def timing(p: Policy, b: int = b, passes: int = 1) -> fast.Timing:
-                if p.uses_occupancy and batching != "replicate" and b > 1:  # decisions read the live batch
+                if p.uses_occupancy and batching != "replicate" and (b > 1 or p.pools_requests):
+                    # decisions read the live batch (or what earlier requests showed: served in order)
                     from speclab.simulate.coupled import run_steps_coupled
 
                     tx, sx = run_steps_coupled(ta, p, batching, b, on, study, passes)

@@ -127,6 +127,11 @@ class Policy:
     # True if decisions read the live batch (StepView.occupancy / batch_kv): the fast engine then runs the
     # requests of a static or continuous batch together (fast.run_steps_coupled)
     uses_occupancy: bool = False
+    # True if decisions use statistics pooled over the requests served before (adaptive.base.pool_counts):
+    # the simulator then serves requests in time order also at B = 1 (the coupled loop, one slot). Pooling
+    # happens only in views of one engine step's batch (StepView.one_batch), so replicate batching, where
+    # each request is an engine of its own, pools nothing
+    pools_requests: bool = False
     # model-free methods whose proposer runs at every SD step of every running request besides the chosen
     # one (to read StepView.hindsight); charged as that method's drafting at every such step
     probes: tuple[str, ...] = ()

@@ -97,7 +97,7 @@ def reference_timing(
                 else None,
                 {m: (ta.acc[m], fi, ta.nprop[m]) for m in policy.probes},
             )
-            view.one_batch = True
+            view.one_batch = batching != "replicate"  # replicate: each request an engine of its own
             meth, k = policy.decide(view)
             meth = np.asarray(meth, dtype=np.int64)
             k = np.asarray(k, dtype=np.int64)

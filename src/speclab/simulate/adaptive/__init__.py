@@ -7,7 +7,7 @@ from __future__ import annotations
 from speclab.simulate.adaptive.bandit import AdaptiveBandit
 from speclab.simulate.adaptive.base import AdaptiveBase, bind_methods, parse_methods_kmax
 from speclab.simulate.adaptive.learned import AdaptiveLearned
-from speclab.simulate.adaptive.rule import AdaptiveRule
+from speclab.simulate.adaptive.rule import AdaptivePooled, AdaptiveRule
 from speclab.simulate.adaptive.schedule import BatchSchedule, derive_schedule, recommend
 from speclab.simulate.adaptive.survival import AdaptiveSurvival
 from speclab.simulate.policies import Policy, register_policy
@@ -33,6 +33,13 @@ register_policy(
     "batch, acceptance from hindsight lookups (model-free) and the request's own steps (model-based); "
     "off where SD would lose (default: every method the traces hold, KMAX 20)",
     _factory(AdaptiveRule, "adaptive"),
+)
+register_policy(
+    "adaptive-pooled",
+    SYNTAX.format("adaptive-pooled"),
+    "online rule as adaptive, with the lookups' copy continuation and first-draft rate pooled over the "
+    "requests served so far (the deployment's own) as the priors of each request's estimate",
+    _factory(AdaptivePooled, "adaptive-pooled"),
 )
 register_policy(
     "adaptive-bandit",
@@ -61,6 +68,7 @@ __all__ = [
     "AdaptiveLearned",
     "AdaptiveBandit",
     "AdaptiveBase",
+    "AdaptivePooled",
     "AdaptiveRule",
     "AdaptiveSurvival",
     "BatchSchedule",

@@ -3,6 +3,8 @@ live-batch flags, per-request acceptance estimates from observable signals, and 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from speclab.costmodel import get_cost_model
@@ -17,13 +19,17 @@ DEFAULT_COST_MODEL = "llama3.1-8b-h100-chained"
 HINDSIGHT = 16  # positions a model-free probe looks back over for a copy in progress
 RATE_WINDOW = 64  # ... and for its rate of matches
 KMAX_DEFAULT = 20
-COPY_PRIOR = 3.0  # pseudo-successes of a copy in progress (free_survival)
+COPY_PRIOR = 3.0  # pseudo-successes of a copy in progress (free_survival), before any pooled evidence
+FIRST_WEIGHT = 4.0  # pseudo-tries of the pooled first-draft rate in a request's own rate outside a copy
+POOL_LAG = HINDSIGHT  # a past position joins the pooled counts this far back (its match censored at >= 16)
 # model-based drafter: prior per-draft acceptance and its weight in pseudo-trials; per-observation decay
 MB_PRIOR, MB_WEIGHT, MB_DECAY = 0.5, 2.0, 0.95
 
 
 class AdaptiveBase(Policy):
     """An online policy that reads the live batch and probes the model-free methods it uses."""
+
+    POOLS: ClassVar[bool] = False  # whether survival() pools lookup statistics over requests (the rule)
 
     @classmethod
     def create(cls, spec: str, methods: tuple[str, ...], extra: dict) -> AdaptiveBase:
@@ -34,6 +40,7 @@ class AdaptiveBase(Policy):
             uses_batch_size=True,
             uses_occupancy=True,
             heuristic_ok=False,
+            pools_requests=cls.POOLS,
         )  # fmt: skip  (misses are what the probes observe, not a guess)
 
     def bind(self, methods: tuple[str, ...], cm: CostModel | None, named: bool = True) -> None:
@@ -63,6 +70,26 @@ class AdaptiveBase(Policy):
         # model-based methods: discounted accepted drafts (s) and stops (f) of the request's own steps
         self.s = np.zeros((len(self.methods), n))
         self.f = np.zeros((len(self.methods), n))
+        # model-free: counts pooled over every request served so far (pool_counts); per request the last
+        # position folded into them
+        self.pool = {m: np.zeros(4) for m in self.probes}
+        self.folded = {m: np.full(n, -1, np.int64) for m in self.probes}
+
+    def reset_request(self, slot: int) -> None:
+        """A request slot reused for a new request (the live proposer recycles them)."""
+        self.s[:, slot] = 0.0
+        self.f[:, slot] = 0.0
+        for f in self.folded.values():
+            f[slot] = -1
+
+    def grow(self, n: int) -> None:
+        """Room for n request slots (the live proposer's grow as requests arrive)."""
+        extra = n - self.s.shape[1]
+        if extra > 0:
+            self.s = np.pad(self.s, ((0, 0), (0, extra)))
+            self.f = np.pad(self.f, ((0, 0), (0, extra)))
+            for m, f in self.folded.items():
+                self.folded[m] = np.concatenate([f, np.full(extra, -1, np.int64)])
 
     # --- estimates ------------------------------------------------------------------------------------
     def survival(self, view: StepView, j: int) -> np.ndarray:
@@ -70,7 +97,10 @@ class AdaptiveBase(Policy):
         proposer's recorded offer where known."""
         m, km = self.methods[j], self.kmax[j]
         if m in self.probes:
-            s = self.free_survival(view.hindsight(m, RATE_WINDOW), view.past_offers(m, RATE_WINDOW), km)
+            hind, offers = view.hindsight(m, RATE_WINDOW), view.past_offers(m, RATE_WINDOW)
+            if self.POOLS and view.one_batch:  # one engine's requests in time order (Policy.pools_requests)
+                self.pool[m] += pool_counts(hind, offers, view.pos, self.folded[m], view.req)
+            s = self.free_survival(hind, offers, km, self.pool[m])
         else:
             s = self.model_survival(view.req, j, km)
         npr = view.num_proposed(m)
@@ -79,15 +109,27 @@ class AdaptiveBase(Policy):
         return s
 
     @staticmethod
-    def free_survival(hind: np.ndarray, offers: np.ndarray | None, km: int) -> np.ndarray:
+    def free_survival(
+        hind: np.ndarray, offers: np.ndarray | None, km: int, pool: np.ndarray | None = None
+    ) -> np.ndarray:
         """A lookup proposer from hindsight: inside a copy (its proposal at the last r positions would have
-        matched through to now) the copy continues with probability (r + C) / (r + C + 1) per token (the
-        rule of succession with C pseudo-successes: copies are long, and at small batch an extra draft
-        costs little); outside, the window's rate of first-draft matches (among positions where the lookup
-        offered drafts, when offers are recorded), continuing as often."""
+        matched through to now) the copy continues with probability (r + W c) / (r + W) per token (the rule
+        of succession with W = COPY_PRIOR + 1 pseudo-tokens continuing at rate c); outside, the window's
+        rate of first-draft matches (among positions where the lookup offered drafts, when offers are
+        recorded), continuing as often, shrunk to a rate f with FIRST_WEIGHT pseudo-tries.
+
+        c and f are the deployment's own: `pool` (pool_counts: every past position of every request served so
+        far, once it lies POOL_LAG back) gives c = the copies' per-token continuation and f = the first-draft
+        rate outside copies, each with the hand-set prior as pseudo-counts (c = 3/4, f = 1/16 with no
+        evidence: the rule as first written). Code edits, whose copies run on for tens of tokens, learn
+        within a few requests to draft long from a copy's start; chat, whose rare matches end soon, does not."""
+        h, t, cs, ck = (0.0, 0.0, 0.0, 0.0) if pool is None else (float(x) for x in pool)
+        f0 = (h + 0.25) / (t + 4.0)
+        c0 = (cs + COPY_PRIOR) / (ck + COPY_PRIOR + 1.0)
         r = run_length(hind[:, :HINDSIGHT])
-        first = match_rate(hind, offers)
-        cont = np.minimum((r + COPY_PRIOR) / (r + COPY_PRIOR + 1.0), 0.95)
+        first = match_rate(hind, offers, f0)
+        w = COPY_PRIOR + 1.0
+        cont = np.minimum((r + w * c0) / (r + w), max(0.95, c0))
         inrun = r >= 1
         alpha = np.where(inrun, cont, first)
         return geometric(alpha, km)
@@ -108,12 +150,48 @@ class AdaptiveBase(Policy):
             self.f[j, r] = MB_DECAY * self.f[j, r] + (accepted[sel] < k[sel])
 
 
-def match_rate(hind: np.ndarray, offers: np.ndarray | None) -> np.ndarray:
-    """Laplace estimate of a lookup's first-draft acceptance over the hindsight window (among positions
-    where it offered drafts, when offers are recorded)."""
+def match_rate(hind: np.ndarray, offers: np.ndarray | None, prior: float = 1.0 / 16.0) -> np.ndarray:
+    """A lookup's first-draft acceptance over the hindsight window (among positions where it offered drafts,
+    when offers are recorded), shrunk to `prior` with FIRST_WEIGHT pseudo-tries (1/16: Laplace's 0.25 in 4)."""
     hit = (hind >= 1).sum(axis=1)
     tried = (hind >= 0).sum(axis=1) if offers is None else (offers > 0).sum(axis=1)
-    return (hit + 0.25) / (tried + 4.0)
+    return (hit + FIRST_WEIGHT * prior) / (tried + FIRST_WEIGHT)
+
+
+def pool_counts(
+    hind: np.ndarray, offers: np.ndarray | None, pos: np.ndarray, folded: np.ndarray, req: np.ndarray
+) -> np.ndarray:
+    """Counts of a lookup's past positions not yet pooled (those at least POOL_LAG back and after each
+    request's `folded`, which is advanced in place): [first-draft hits, tries] outside a copy (offered
+    positions, when offers are recorded) and [tokens continued, tokens at risk] inside one (a copy: the
+    lookup at q - 1 matched q). A position's match is censored at the tokens known since it, >= POOL_LAG, and
+    at its offer; hindsight reaches back RATE_WINDOW positions (older ones are not counted)."""
+    width = hind.shape[1]
+    if width <= POOL_LAG:
+        return np.zeros(4)
+    d = np.arange(POOL_LAG, width)  # distance of q from now; column d - 1 holds q, column d holds q - 1
+    x = hind[:, d - 1]
+    prev = hind[:, d]
+    q = pos[:, None] - d[None, :]
+    new = (q > folded[req][:, None]) & (x >= 0)
+    folded[req] = np.maximum(folded[req], pos - POOL_LAG)
+    inrun = new & (prev >= 1)
+    out = new & (prev < 1)
+    if offers is not None:
+        off = offers[:, d - 1]
+        out &= off > 0
+        cap = np.where(off > 0, off, POOL_LAG)
+    else:
+        cap = np.full(x.shape, POOL_LAG)
+    got = np.minimum(x, cap)
+    return np.array(
+        [
+            float((out & (x >= 1)).sum()),
+            float(out.sum()),
+            float(got[inrun].sum()),
+            float((got + (x < cap))[inrun].sum()),
+        ]
+    )
 
 
 def parse_methods_kmax(spec: str, args: list[str], name: str) -> tuple[tuple[str, ...], dict]:

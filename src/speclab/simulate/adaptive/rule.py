@@ -23,3 +23,11 @@ class AdaptiveRule(AdaptiveBase):
 
     def observe(self, outcome: StepOutcome) -> None:
         self.learn(outcome.req, outcome.method, outcome.k, outcome.accepted)
+
+
+class AdaptivePooled(AdaptiveRule):
+    """`adaptive-pooled`: the rule with its lookup priors (copy continuation, first-draft rate outside a copy)
+    pooled over the requests the engine has served (base.pool_counts): the deployment's own copy lengths
+    instead of hand-set constants. Mixed in simulation (docs/adaptive.md), so not the default."""
+
+    POOLS = True
