@@ -29,7 +29,7 @@ MB_PRIOR, MB_WEIGHT, MB_DECAY = 0.5, 2.0, 0.95
 class AdaptiveBase(Policy):
     """An online policy that reads the live batch and probes the model-free methods it uses."""
 
-    POOLS: ClassVar[bool] = False  # whether survival() pools lookup statistics over requests (the rule)
+    POOLS: ClassVar[bool] = False  # Policy.pools_requests of the family (adaptive-pooled: True)
 
     @classmethod
     def create(cls, spec: str, methods: tuple[str, ...], extra: dict) -> AdaptiveBase:
@@ -98,7 +98,9 @@ class AdaptiveBase(Policy):
         m, km = self.methods[j], self.kmax[j]
         if m in self.probes:
             hind, offers = view.hindsight(m, RATE_WINDOW), view.past_offers(m, RATE_WINDOW)
-            if self.POOLS and view.one_batch:  # one engine's requests in time order (Policy.pools_requests)
+            if (
+                self.pools_requests and view.one_batch
+            ):  # one engine's requests in time order (Policy.pools_requests)
                 self.pool[m] += pool_counts(hind, offers, view.pos, self.folded[m], view.req)
             s = self.free_survival(hind, offers, km, self.pool[m])
         else:
@@ -121,8 +123,9 @@ class AdaptiveBase(Policy):
         c and f are the deployment's own: `pool` (pool_counts: every past position of every request served so
         far, once it lies POOL_LAG back) gives c = the copies' per-token continuation and f = the first-draft
         rate outside copies, each with the hand-set prior as pseudo-counts (c = 3/4, f = 1/16 with no
-        evidence: the rule as first written). Code edits, whose copies run on for tens of tokens, learn
-        within a few requests to draft long from a copy's start; chat, whose rare matches end soon, does not."""
+        evidence: the rule as first written, and what `adaptive` always uses). Where copies run on for tens
+        of tokens the pooled c rises and drafts grow from a copy's start (adaptive-pooled;
+        docs/adaptive.md: that pays at B = 1, not at larger batches)."""
         h, t, cs, ck = (0.0, 0.0, 0.0, 0.0) if pool is None else (float(x) for x in pool)
         f0 = (h + 0.25) / (t + 4.0)
         c0 = (cs + COPY_PRIOR) / (ck + COPY_PRIOR + 1.0)
