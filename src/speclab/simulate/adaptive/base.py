@@ -98,9 +98,8 @@ class AdaptiveBase(Policy):
         m, km = self.methods[j], self.kmax[j]
         if m in self.probes:
             hind, offers = view.hindsight(m, RATE_WINDOW), view.past_offers(m, RATE_WINDOW)
-            if (
-                self.pools_requests and view.one_batch
-            ):  # one engine's requests in time order (Policy.pools_requests)
+            # pool only one engine's requests in time order (Policy.pools_requests)
+            if self.pools_requests and view.one_batch:
                 self.pool[m] += pool_counts(hind, offers, view.pos, self.folded[m], view.req)
             s = self.free_survival(hind, offers, km, self.pool[m])
         else:
