@@ -15,7 +15,7 @@ from speclab.simulate.adaptive.synth import make_set
 from speclab.simulate.coupled import run_steps_coupled
 from speclab.traces import MethodTrace, RequestTrace
 
-ONLINE = ["adaptive", "adaptive-pooled", "adaptive-bandit", "adaptive-learned", "adaptive-survival", "adaptive:eagle:6",
+ONLINE = ["adaptive", "adaptive-pooled", "adaptive-gated", "adaptive-bandit", "adaptive-learned", "adaptive-survival", "adaptive:eagle:6",
           "adaptive-survival:ngram:5", "schedule:ngram:1=4,3=2,6=0"]  # fmt: skip
 
 

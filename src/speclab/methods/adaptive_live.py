@@ -253,6 +253,8 @@ class AdaptiveDriver:
         # counters for tests and logs: decisions per method name ("off" = no drafts) and rows seen
         self.counts: dict[str, int] = dict.fromkeys(("off", *methods), 0)
         self.passes: dict[int, int] = {}  # steps by the model-based drafter's passes (hybrid only)
+        # rows whose probes ran / were skipped by a gated policy (adaptive-gated: AdaptiveBase.gate)
+        self.probe_rows: dict[str, int] = {"probed": 0, "skipped": 0}
 
     # --- probes ---------------------------------------------------------------------------------------
     def _kernel_draft(self, context: np.ndarray) -> list[int]:
@@ -344,6 +346,7 @@ class AdaptiveDriver:
         out: list[list[int]] = [[] for _ in range(rows)]
         kv = float(np.sum(np.asarray(num_tokens[:rows], dtype=np.float64)))
         live: list[tuple[int, _Request, np.ndarray]] = []
+        args: list[tuple[Sequence[int], int]] = []  # per live row: this step's tokens, context length
         new_reqs: dict[bytes, list[_Request]] = {}
         obs: list[tuple[int, int, int, int]] = []  # (slot, method, k, accepted) of the previous step
         for i, sampled in enumerate(sampled_token_ids):
@@ -370,9 +373,8 @@ class AdaptiveDriver:
             req.pos = pos
             if self.max_model_len is not None and n >= self.max_model_len:
                 continue
-            for meth, probe in self.probes.items():
-                req.hist[meth].last = (pos, probe(req, row, sampled, n))
             live.append((i, req, row))
+            args.append((sampled, n))
         # requests that left the batch: free their slots, stop their suffix state
         for left in self._reqs.values():
             for req in left:
@@ -385,15 +387,34 @@ class AdaptiveDriver:
         if obs:
             a = np.array(obs, dtype=np.int64)
             self.policy.observe(StepOutcome(req=a[:, 0], method=a[:, 1], k=a[:, 2], accepted=a[:, 3]))
+        # a gated policy says which rows to probe before any probe runs (from the hindsight of earlier ones)
+        view = self._view(live, rows, kv) if live and self.policy.GATED else None
+        mask = self.policy.gate(view) if view is not None else None
+        for r, ((_, req, row), (sampled, n)) in enumerate(zip(live, args, strict=True)):
+            run = mask is None or bool(mask[r])
+            for meth, probe in self.probes.items():
+                if run:
+                    req.hist[meth].last = (req.pos, probe(req, row, sampled, n))
+                else:  # not probed: no offer; the suffix cache still takes this step's tokens
+                    if meth == "suffix" and req.suffix_id is not None:
+                        self._suffix.step(req.suffix_id, row[: n - len(sampled)], sampled, row, 0)
+                    req.hist[meth].last = (req.pos, [])
+            self.probe_rows["probed" if run else "skipped"] += 1
         offered = any(len(req.hist[m].last[1]) for _, req, _ in live for m in self.probes)  # type: ignore[index]
         if not live or (self.model_index is None and not offered):
             # nothing offered by any probe (and no drafter): every option drafts nothing, so the rule's
             # answer is "off" for all rows (its survival is 0 beyond the offer); skip computing it
             self.counts["off"] += len(live)
+            if view is not None:
+                self.policy.gate_done(view, np.full(len(live), -1, np.int64), np.zeros(len(live), np.int64))
             if draft_model is not None:
                 self._run_model(draft_model, 0)
             return out
-        meth, k = self.policy.decide(self._view(live, rows, kv))
+        if view is None:
+            view = self._view(live, rows, kv)
+        else:
+            self._set_offers(view, live)
+        meth, k = self.policy.decide(view)
         chosen = list(zip(live, meth.tolist(), k.tolist(), strict=True))
         model_drafts: Sequence[Sequence[int]] = ()
         if draft_model is not None:
@@ -452,6 +473,14 @@ class AdaptiveDriver:
         )
         view.one_batch = True
         return view
+
+    def _set_offers(self, view: StepView, live: list[tuple[int, _Request, np.ndarray]]) -> None:
+        """The current offers, once the probes have run (after a gated policy's gate())."""
+        for meth in self.probes:
+            cur = [
+                len(req.hist[meth].last[1]) if req.hist[meth].last is not None else 0 for _, req, _ in live
+            ]
+            view.set_offers(meth, np.array(cur, dtype=np.int64))
 
 
 def play_engine(

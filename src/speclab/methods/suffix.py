@@ -130,6 +130,8 @@ class SuffixSpeculator:
             cache.start_request(req_id, _i32(prompt))
         cache.add_active_response(req_id, _i32(sampled))
         limit = k if max_model_len is None else min(k, max_model_len - n - 1)
+        if limit <= 0:  # nothing to draft (k = 0: the adaptive driver feeds the cache without a lookup)
+            return []
         pattern = tokens[max(0, n - self.max_tree_depth) : n]
         draft = cache.speculate(
             req_id,

@@ -20,6 +20,7 @@ from speclab.simulate.fast import (
     decide_step,
     heuristic_flags,
     make_view,
+    probed_flags,
     repeat_requests,
 )
 from speclab.simulate.policies import Policy, PolicyContext, StepOutcome
@@ -47,7 +48,7 @@ def run_steps_coupled(
     prev = np.full(N, -2, dtype=np.int64)
     stack = np.stack([ta.acc[m] for m in policy.methods]) if policy.methods else None
     cols: dict[str, list[np.ndarray]] = {
-        c: [] for c in ("req", "t", "pos", "meth", "k", "acc", "prod", "sw", "cand")
+        c: [] for c in ("req", "t", "pos", "meth", "k", "acc", "prod", "sw", "cand", "probed")
     }
     running = np.zeros(0, dtype=np.int64)
     nxt = 0
@@ -71,7 +72,8 @@ def run_steps_coupled(
             pv = prev[running]
             for c, v in (("req", running), ("t", n_steps[running]), ("pos", p), ("meth", meth), ("k", k),
                          ("acc", a), ("prod", prod), ("sw", (pv != -2) & (pv != meth)),
-                         ("cand", heuristic_flags(policy, ta, meth, k, a, heuristic))):  # fmt: skip
+                         ("cand", heuristic_flags(policy, ta, meth, k, a, heuristic)),
+                         ("probed", probed_flags(view))):  # fmt: skip
                 cols[c].append(v)
             policy.observe(StepOutcome(req=running, method=meth, k=k, accepted=prod_raw - 1))
             prev[running] = meth
@@ -87,5 +89,6 @@ def run_steps_coupled(
     st = StepTable(
         req=cat("req"), t=cat("t"), pos=cat("pos"), meth=cat("meth"), k=cat("k"), acc=cat("acc"),
         produced=cat("prod"), switched=cat("sw", bool), cand=cat("cand", bool), n_steps=n_steps,
+        probed=cat("probed", bool),
     )  # fmt: skip
     return tx, st

@@ -145,6 +145,8 @@ class StepTable:
     switched: np.ndarray  # bool: method differs from the request's previous step
     cand: np.ndarray  # bool: the n-gram miss heuristic may turn this proposal into a miss
     n_steps: np.ndarray  # per request
+    # bool per row: the policy's probes ran at this step (StepView.probed; None = at every step)
+    probed: np.ndarray | None = None
 
 
 def check_decision(policy: Policy, ta: TraceArrays, meth: np.ndarray, k: np.ndarray, n: int) -> None:
@@ -165,6 +167,21 @@ def check_decision(policy: Policy, ta: TraceArrays, meth: np.ndarray, k: np.ndar
             )
     if (k[meth < 0] > 0).any():
         raise ConfigError(f"policy {policy.spec}: proposes drafts without a method")
+
+
+def check_probed(policy: Policy, view: StepView, meth: np.ndarray, k: np.ndarray) -> None:
+    """A gated policy (StepView.probed) drafts from a lookup only where it ran it."""
+    if view.probed is None:
+        return
+    if view.probed.shape != meth.shape:
+        raise ConfigError(f"policy {policy.spec}: StepView.probed must have one flag per row")
+    lookup = np.isin(meth, [j for j, m in enumerate(policy.methods) if m in policy.probes]) & (k > 0)
+    if (lookup & ~view.probed).any():
+        raise ConfigError(f"policy {policy.spec}: drafts from a lookup at a step where it did not run it")
+
+
+def probed_flags(view: StepView) -> np.ndarray:
+    return np.ones(len(view), bool) if view.probed is None else view.probed
 
 
 def heuristic_flags(
@@ -223,6 +240,7 @@ def decide_step(
     meth = np.asarray(meth, dtype=np.int64)
     k = np.asarray(k, dtype=np.int64)
     check_decision(policy, ta, meth, k, len(req))
+    check_probed(policy, view, meth, k)
     if stack is not None:
         a = np.where(meth >= 0, stack[np.maximum(meth, 0), fi], 1)
     else:
@@ -249,7 +267,7 @@ def run_steps(
     active = np.flatnonzero(ta.out_len > 1)
     stack = np.stack([ta.acc[m] for m in policy.methods]) if policy.methods else None
     cols: dict[str, list[np.ndarray]] = {
-        c: [] for c in ("req", "t", "pos", "meth", "k", "acc", "prod", "sw", "cand")
+        c: [] for c in ("req", "t", "pos", "meth", "k", "acc", "prod", "sw", "cand", "probed")
     }
     while active.size:
         p = pos[active]
@@ -267,6 +285,7 @@ def run_steps(
         cols["prod"].append(prod)
         cols["sw"].append((pv != -2) & (pv != meth))
         cols["cand"].append(heuristic_flags(policy, ta, meth, k, a, heuristic))
+        cols["probed"].append(probed_flags(view))
         policy.observe(StepOutcome(req=active, method=meth, k=k, accepted=prod_raw - 1))
         prev[active] = meth
         pos[active] = p + prod
@@ -287,6 +306,7 @@ def run_steps(
         switched=cat("sw", bool),
         cand=cat("cand", bool),
         n_steps=n_steps,
+        probed=cat("probed", bool),
     )
 
 
@@ -439,9 +459,10 @@ def step_costs(
             sel = np.isin(st.meth, np.flatnonzero(charge == name))
             ks, sm = keys[sel], spec_max[sel]
             if cost.form == "verify_fraction":
+                if name in policy.probes:  # the lookup runs at every step, for every request it probes
+                    draft += cost.fraction * verify * probe_share(st, keys, G)
+                    continue
                 anyd = np.bincount(ks[sm > 0], minlength=G) > 0
-                if name in policy.probes:  # the lookup runs at every step of every running request
-                    anyd |= np.bincount(keys, minlength=G) > 0
                 draft += np.where(anyd, cost.fraction * verify, 0.0)
                 continue
             mx = np.zeros(G, dtype=np.int64)
@@ -548,8 +569,19 @@ def repeat_requests(ta: TraceArrays, st: StepTable | None, passes: int) -> tuple
             for f in ("t", "pos", "meth", "k", "acc", "produced", "switched", "cand")
         },
         n_steps=np.tile(st.n_steps, passes),
+        probed=None if st.probed is None else np.tile(st.probed, passes),
     )
     return tx, sx
+
+
+def probe_share(st: StepTable, keys: np.ndarray, G: int) -> np.ndarray:
+    """Per global step: the share of its running requests whose probes ran (1 where every request's did;
+    0 in steps of prefills only). A lookup's cost is per request, so a gated policy pays for the rows it
+    probed (StepView.probed)."""
+    rows = np.bincount(keys, minlength=G)
+    if st.probed is None:
+        return (rows > 0).astype(float)
+    return np.bincount(keys, weights=st.probed.astype(float), minlength=G) / np.maximum(rows, 1)
 
 
 def study_draft(
@@ -588,5 +620,7 @@ def study_draft(
     if policy.probes:  # every copy runs the probes' lookups, the chosen one's included (charged in full)
         same = np.isin(st.meth, [j for j, ch in enumerate(charge) if ch in policy.probes])
         f = sum(cm.draft_for(name).fraction for name in policy.probes) * verify
+        if st.probed is not None:  # a gated policy pays for the rows it probed (a drafting lookup ran)
+            f = np.where(st.probed | same, f, 0.0)
         out = np.where(same, f, out + f)
     return out

@@ -64,9 +64,17 @@ class StepView:
         # True when the view's requests are one engine step's batch (coupled loop, reference loop); False
         # when each request stands for its own batch (fast.run_steps: replicate batching or B = 1)
         self.one_batch = False
+        # rows whose probes ran at this step, set by a gated policy (AdaptiveBase.gate) before it reads any
+        # offer; None = every row's (the simulator charges probes per probed row)
+        self.probed: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.req)
+
+    def set_offers(self, method: str, offers: np.ndarray) -> None:
+        """Record the current offers of a probe (the live driver runs its probes after a gated policy's
+        AdaptiveBase.gate has said which rows to probe)."""
+        self._nprop[method] = offers
 
     def num_proposed(self, method: str) -> np.ndarray | None:
         """Draft tokens the proposer can offer at the current position (recorded traces), else None.

@@ -10,7 +10,15 @@ import numpy as np
 
 from speclab.costmodel.model import CostModel
 from speclab.errors import ConfigError
-from speclab.simulate.fast import Timing, TraceArrays, check_decision, forwards_charge, heuristic_flags
+from speclab.simulate.fast import (
+    Timing,
+    TraceArrays,
+    check_decision,
+    check_probed,
+    forwards_charge,
+    heuristic_flags,
+    probed_flags,
+)
 from speclab.simulate.policies import Policy, PolicyContext, StepOutcome, StepView
 
 
@@ -102,6 +110,8 @@ def reference_timing(
             meth = np.asarray(meth, dtype=np.int64)
             k = np.asarray(k, dtype=np.int64)
             check_decision(policy, ta, meth, k, len(running))
+            check_probed(policy, view, meth, k)
+            probed = probed_flags(view)  # rows whose probes ran (a gated policy's choice)
             a_arr = np.array(
                 [
                     acc[policy.methods[m]][off[r.i] + r.pos] if m >= 0 else 1
@@ -151,7 +161,7 @@ def reference_timing(
             if study:
                 draft = sum(
                     _study_copy_drafts(policy, cm, int(meth[j]), int(k[j]), int(a_arr[j]), matched_l[j], copies,
-                                       prompt[r.i] + r.pos, out_len[r.i] - r.pos, verify)
+                                       prompt[r.i] + r.pos, out_len[r.i] - r.pos, verify, bool(probed[j]))
                     for j, r in enumerate(running)
                 )  # fmt: skip
                 per_method = {}
@@ -176,8 +186,11 @@ def reference_timing(
                     draft += float(
                         forwards_charge(cost, np.array(passes), np.array(bool(new)), policy, kv, vtok, nreq)
                     )
+                elif cost.form == "verify_fraction" and name in policy.probes:
+                    # a lookup's cost is per request: the share of running requests it probed
+                    draft += cost.fraction * verify * float(probed.mean()) if running else 0.0
                 elif cost.form == "verify_fraction":
-                    draft += cost.fraction * verify if mx > 0 or name in policy.probes else 0.0
+                    draft += cost.fraction * verify if mx > 0 else 0.0
                 elif cost.form == "linear":
                     # per request kv*kv_tokens + num_spec*spec + const; the step pays the max over requests
                     # (only the constant where the always-run forward is the step's only drafting)
@@ -255,14 +268,15 @@ def reference_timing(
 
 def _study_copy_drafts(
     policy: Policy, cm: CostModel, m: int, k: int, a: int, matched: int, copies: int, kv_req: int, left: int,
-    verify: float,
+    verify: float, probed: bool = True,
 ) -> float:  # fmt: skip
     """The study's drafting charge for one request's copies, copy by copy as its per-request loop does, then
     the mean over copies (each copy's latency carries its own drafting). kv_req: one copy's KV before the
     step; left: tokens it still has to produce. Copies 0..matched-1 are the ones whose lookup matched (only
     their count matters)."""
     name = None if m < 0 else policy.charge_as or policy.methods[m]
-    probe = sum(cm.draft_for(p).fraction * verify for p in policy.probes if p != name)
+    ran = probed or name in policy.probes  # a gated policy pays for the rows it probed (or drafted from)
+    probe = sum(cm.draft_for(p).fraction * verify for p in policy.probes if p != name) if ran else 0.0
     if m < 0:
         return probe
     if name in policy.probes:  # every copy ran the lookup: charged in full

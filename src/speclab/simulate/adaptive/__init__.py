@@ -7,7 +7,7 @@ from __future__ import annotations
 from speclab.simulate.adaptive.bandit import AdaptiveBandit
 from speclab.simulate.adaptive.base import AdaptiveBase, bind_methods, parse_methods_kmax
 from speclab.simulate.adaptive.learned import AdaptiveLearned
-from speclab.simulate.adaptive.rule import AdaptivePooled, AdaptiveRule
+from speclab.simulate.adaptive.rule import AdaptiveGated, AdaptivePooled, AdaptiveRule
 from speclab.simulate.adaptive.schedule import BatchSchedule, derive_schedule, recommend
 from speclab.simulate.adaptive.survival import AdaptiveSurvival
 from speclab.simulate.policies import Policy, register_policy
@@ -42,6 +42,14 @@ register_policy(
     _factory(AdaptivePooled, "adaptive-pooled"),
 )
 register_policy(
+    "adaptive-gated",
+    SYNTAX.format("adaptive-gated"),
+    "online rule as adaptive, probing only the requests that may use a lookup: one that drafts from none and "
+    "shows no copy in progress is probed every few positions until a copy shows (probes charged per probed "
+    "request)",
+    _factory(AdaptiveGated, "adaptive-gated"),
+)
+register_policy(
     "adaptive-bandit",
     SYNTAX.format("adaptive-bandit"),
     "online bandit: discounted UCB per request over off and (method, k on a doubling grid), reward = tokens "
@@ -68,6 +76,7 @@ __all__ = [
     "AdaptiveLearned",
     "AdaptiveBandit",
     "AdaptiveBase",
+    "AdaptiveGated",
     "AdaptivePooled",
     "AdaptiveRule",
     "AdaptiveSurvival",

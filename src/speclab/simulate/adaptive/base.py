@@ -24,12 +24,18 @@ FIRST_WEIGHT = 4.0  # pseudo-tries of the pooled first-draft rate in a request's
 POOL_LAG = HINDSIGHT  # a past position joins the pooled counts this far back (its match censored at >= 16)
 # model-based drafter: prior per-draft acceptance and its weight in pseudo-trials; per-observation decay
 MB_PRIOR, MB_WEIGHT, MB_DECAY = 0.5, 2.0, 0.95
+# gated policies (adaptive-gated): a request whose lookups are not in use is probed only every REPROBE
+# positions; GATE_RING positions of probe flags are remembered per request (more than any depth read)
+REPROBE = 4
+GATE_RING = 128
+_NEVER = -(1 << 40)
 
 
 class AdaptiveBase(Policy):
     """An online policy that reads the live batch and probes the model-free methods it uses."""
 
     POOLS: ClassVar[bool] = False  # Policy.pools_requests of the family (adaptive-pooled: True)
+    GATED: ClassVar[bool] = False  # probes only the requests that may use them (adaptive-gated: True)
 
     @classmethod
     def create(cls, spec: str, methods: tuple[str, ...], extra: dict) -> AdaptiveBase:
@@ -74,6 +80,16 @@ class AdaptiveBase(Policy):
         # position folded into them
         self.pool = {m: np.zeros(4) for m in self.probes}
         self.folded = {m: np.full(n, -1, np.int64) for m in self.probes}
+        # gating (GATED): per request a ring of (position, probed?) over the last GATE_RING positions, the
+        # position and flag of its previous decision, its last probed position, and whether it is dormant
+        self.ring_q = np.full((n, GATE_RING), _NEVER, np.int64)
+        self.ring_f = np.ones((n, GATE_RING), bool)
+        self.prev_pos = np.full(n, -1, np.int64)
+        self.prev_probed = np.ones(n, bool)
+        self.last_probe = np.full(n, _NEVER, np.int64)
+        self.dormant = np.zeros(n, bool)
+        self._view: StepView | None = None  # the view gate() last masked, and its rows' state
+        self._incopy = np.zeros(0, bool)
 
     def reset_request(self, slot: int) -> None:
         """A request slot reused for a new request (the live proposer recycles them)."""
@@ -81,6 +97,12 @@ class AdaptiveBase(Policy):
         self.f[:, slot] = 0.0
         for f in self.folded.values():
             f[slot] = -1
+        self.ring_q[slot] = _NEVER
+        self.ring_f[slot] = True
+        self.prev_pos[slot] = -1
+        self.prev_probed[slot] = True
+        self.last_probe[slot] = _NEVER
+        self.dormant[slot] = False
 
     def grow(self, n: int) -> None:
         """Room for n request slots (the live proposer's grow as requests arrive)."""
@@ -90,6 +112,77 @@ class AdaptiveBase(Policy):
             self.f = np.pad(self.f, ((0, 0), (0, extra)))
             for m, f in self.folded.items():
                 self.folded[m] = np.concatenate([f, np.full(extra, -1, np.int64)])
+            self.ring_q = np.concatenate([self.ring_q, np.full((extra, GATE_RING), _NEVER, np.int64)])
+            self.ring_f = np.concatenate([self.ring_f, np.ones((extra, GATE_RING), bool)])
+            self.prev_pos = np.concatenate([self.prev_pos, np.full(extra, -1, np.int64)])
+            self.prev_probed = np.concatenate([self.prev_probed, np.ones(extra, bool)])
+            self.last_probe = np.concatenate([self.last_probe, np.full(extra, _NEVER, np.int64)])
+            self.dormant = np.concatenate([self.dormant, np.zeros(extra, bool)])
+
+    # --- gating (GATED families) ------------------------------------------------------------------------
+    def gate(self, view: StepView) -> np.ndarray | None:
+        """Which rows of `view` run their probes at this step (None: all; not gated). Decided before any
+        probe runs, from what earlier probes saw: a request is probed unless it is dormant -- its last
+        decision used no lookup and no lookup showed a copy in progress -- and then still every REPROBE
+        positions, and at once when the position before (probed) starts a copy. Sets view.probed; the live
+        driver calls it before running the probes, decide() again (same view: no second update)."""
+        if not self.GATED or not self.probes:
+            return None
+        if view.probed is not None and self._view is view:
+            return view.probed
+        req, pos = view.req, view.pos
+        # the previous decision's flag over the positions it covered (pos_prev .. pos - 1)
+        pp, pf = self.prev_pos[req], self.prev_probed[req]
+        seen = pp >= 0
+        if seen.any():
+            for d in range(1, min(int((pos - pp)[seen].max()), GATE_RING) + 1):
+                q = pos - d
+                sel = seen & (q >= pp)
+                if not sel.any():
+                    break
+                col = q[sel] % GATE_RING
+                self.ring_q[req[sel], col] = q[sel]
+                self.ring_f[req[sel], col] = pf[sel]
+        self._view = view
+        view.probed = np.ones(len(req), bool)  # while reading hindsight below (nothing at pos is read)
+        incopy = np.zeros(len(req), bool)
+        for m in self.probes:
+            incopy |= self.hindsight(view, m, 1)[:, 0] >= 1
+        probe = ~self.dormant[req] | (pos - self.last_probe[req] >= REPROBE) | incopy
+        self.last_probe[req[probe]] = pos[probe]
+        self.prev_pos[req] = pos
+        self.prev_probed[req] = probe
+        self._incopy = incopy
+        view.probed = probe
+        return probe
+
+    def gate_done(self, view: StepView, meth: np.ndarray, k: np.ndarray) -> None:
+        """After the decision: a request goes dormant where it drafts from no lookup and none shows a copy."""
+        if not self.GATED or not self.probes or self._view is not view:
+            return
+        lookup = np.isin(meth, [j for j, m in enumerate(self.methods) if m in self.probes]) & (k > 0)
+        self.dormant[view.req] = ~lookup & ~self._incopy
+
+    def _unprobed(self, view: StepView, depth: int) -> np.ndarray | None:
+        """(n, depth) True where position pos - d was not probed (gated policies), else None."""
+        if not self.GATED or self._view is not view:
+            return None
+        q = view.pos[:, None] - np.arange(1, depth + 1)[None, :]
+        col = q % GATE_RING
+        r = view.req[:, None]
+        return (self.ring_q[r, col] == q) & ~self.ring_f[r, col]
+
+    def hindsight(self, view: StepView, m: str, depth: int) -> np.ndarray:
+        """view.hindsight, -1 (unknown) at positions this policy did not probe."""
+        h = view.hindsight(m, depth)
+        u = self._unprobed(view, depth)
+        return h if u is None else np.where(u, -1, h)
+
+    def past_offers(self, view: StepView, m: str, depth: int) -> np.ndarray | None:
+        """view.past_offers, -1 at positions this policy did not probe."""
+        o = view.past_offers(m, depth)
+        u = None if o is None else self._unprobed(view, depth)
+        return o if u is None else np.where(u, -1, o)
 
     # --- estimates ------------------------------------------------------------------------------------
     def survival(self, view: StepView, j: int) -> np.ndarray:
@@ -97,7 +190,7 @@ class AdaptiveBase(Policy):
         proposer's recorded offer where known."""
         m, km = self.methods[j], self.kmax[j]
         if m in self.probes:
-            hind, offers = view.hindsight(m, RATE_WINDOW), view.past_offers(m, RATE_WINDOW)
+            hind, offers = self.hindsight(view, m, RATE_WINDOW), self.past_offers(view, m, RATE_WINDOW)
             # pool only one engine's requests in time order (Policy.pools_requests)
             if self.pools_requests and view.one_batch:
                 self.pool[m] += pool_counts(hind, offers, view.pos, self.folded[m], view.req)
@@ -107,6 +200,8 @@ class AdaptiveBase(Policy):
         npr = view.num_proposed(m)
         if npr is not None:
             s = np.where(np.arange(km)[None, :] < npr[:, None], s, 0.0)
+        if m in self.probes and view.probed is not None and self._view is view:
+            s = np.where(view.probed[:, None], s, 0.0)  # a lookup not run offers nothing
         return s
 
     @staticmethod
@@ -135,6 +230,19 @@ class AdaptiveBase(Policy):
         inrun = r >= 1
         alpha = np.where(inrun, cont, first)
         return geometric(alpha, km)
+
+    def offer_caps(self, view: StepView) -> list[np.ndarray | None]:
+        """Per method, the most drafts each row's proposer can give now (goodput.batch_choice's `offers`):
+        a lookup's recorded offer (0 where a gated policy did not run it); None where not recorded or for a
+        model-based drafter (it drafts as many as asked)."""
+        gated = view.probed is not None and self._view is view
+        caps: list[np.ndarray | None] = []
+        for m in self.methods:
+            npr = view.num_proposed(m) if m in self.probes else None
+            if m in self.probes and gated:
+                npr = np.where(view.probed, np.iinfo(np.int64).max if npr is None else npr, 0)
+            caps.append(npr)
+        return caps
 
     def model_survival(self, req: np.ndarray, j: int, km: int) -> np.ndarray:
         s, f = self.s[j, req], self.f[j, req]

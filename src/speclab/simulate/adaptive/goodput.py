@@ -72,6 +72,7 @@ def batch_choice(
     iters: int = 3,
     lookahead: bool = False,
     shortcut: bool = True,
+    offers: list[np.ndarray | None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Choices that maximise a whole batch's expected goodput (sum of E over the step time T).
 
@@ -88,7 +89,11 @@ def batch_choice(
     tokens less lam times its time); without it, a probe's long tail counts as lost unless taken now.
 
     shortcut: answer "off" for all without the pass grid where its first round shows that is the answer
-    (`_all_off`; the same choices, tests/test_adaptive_live.py); False for the tests' comparison."""
+    (`_all_off`; the same choices, tests/test_adaptive_live.py); False for the tests' comparison.
+
+    offers: per method, the most drafts each request's proposer can give now (a lookup's offer; None: no
+    limit). A k above it is not an option: the engine verifies only the drafts the proposer gave, so a
+    tabulated forward that is cheaper at 4 tokens than at 1 must not be bought with drafts nobody has."""
     n = len(occ)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -153,7 +158,11 @@ def batch_choice(
             else:  # linear: charged once per step (max over requests): count it as shared
                 sec = sec + wc * d.num_spec * ks / np.maximum(size[group], 1)[:, None]
                 passes = np.ones((n, km))
-        blocks = (np.full((n, km), j), np.broadcast_to(ks, (n, km)), 1.0 + np.cumsum(surv[j][:, :km], axis=1))
+        e = 1.0 + np.cumsum(surv[j][:, :km], axis=1)
+        cap = None if offers is None else offers[j]
+        if cap is not None:
+            e = np.where(ks <= cap[:, None], e, -np.inf)  # drafts the proposer does not have
+        blocks = (np.full((n, km), j), np.broadcast_to(ks, (n, km)), e)
         for c, v in zip(cols, (*blocks, sec, passes), strict=True):
             c.append(v)
     M, K, E, S0, Pn = (np.concatenate(c, axis=1) for c in cols)

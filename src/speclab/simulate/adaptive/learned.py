@@ -121,8 +121,9 @@ class AdaptiveLearned(AdaptiveBase):
                 surv.append(self.survival(view, j))
         group = np.zeros(len(view), np.int64) if view.one_batch else np.arange(len(view))
         return batch_choice(
-            self.cm, self.methods, surv, self.kmax, view.occupancy, view.batch_kv, self.probes, group
-        )
+            self.cm, self.methods, surv, self.kmax, view.occupancy, view.batch_kv, self.probes, group,
+            offers=self.offer_caps(view),
+        )  # fmt: skip
 
     def observe(self, outcome: StepOutcome) -> None:
         self.learn(outcome.req, outcome.method, outcome.k, outcome.accepted)

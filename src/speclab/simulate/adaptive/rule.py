@@ -15,11 +15,15 @@ from speclab.simulate.policies import StepOutcome, StepView
 
 class AdaptiveRule(AdaptiveBase):
     def decide(self, view: StepView) -> tuple[np.ndarray, np.ndarray]:
+        self.gate(view)
         surv = [self.survival(view, j) for j in range(len(self.methods))]
         group = np.zeros(len(view), np.int64) if view.one_batch else np.arange(len(view))
-        return batch_choice(
-            self.cm, self.methods, surv, self.kmax, view.occupancy, view.batch_kv, self.probes, group
-        )
+        meth, k = batch_choice(
+            self.cm, self.methods, surv, self.kmax, view.occupancy, view.batch_kv, self.probes, group,
+            offers=self.offer_caps(view),
+        )  # fmt: skip
+        self.gate_done(view, meth, k)
+        return meth, k
 
     def observe(self, outcome: StepOutcome) -> None:
         self.learn(outcome.req, outcome.method, outcome.k, outcome.accepted)
@@ -31,3 +35,11 @@ class AdaptivePooled(AdaptiveRule):
     instead of hand-set constants. Mixed in simulation (docs/adaptive.md), so not the default."""
 
     POOLS = True
+
+
+class AdaptiveGated(AdaptiveRule):
+    """`adaptive-gated`: the rule, probing only the requests that may use a lookup (AdaptiveBase.gate): one
+    that drafted from none and shows no copy in progress is probed every REPROBE positions until a copy
+    shows. Its hindsight has gaps there (read as unknown); the simulator charges probes per probed request."""
+
+    GATED = True

@@ -236,7 +236,8 @@ class AdaptiveSurvival(AdaptiveBase):
             surv.append(s)
         group = np.zeros(len(view), np.int64) if view.one_batch else np.arange(len(view))
         return batch_choice(self.cm, self.methods, surv, self.kmax, view.occupancy, view.batch_kv, self.probes,
-                            group, lookahead=self.extra.get("lookahead", True))  # fmt: skip
+                            group, lookahead=self.extra.get("lookahead", True),
+                            offers=self.offer_caps(view))  # fmt: skip
 
     def depth_survival(self, req: np.ndarray, j: int) -> np.ndarray:
         """Per-depth acceptance: the prior's depth profile, scaled to this request's overall rate (shrunk to
