@@ -3,7 +3,8 @@ the CPU live cost model and the H100 chained one, continuous batching, steady st
 "Gated probes"). Prints one markdown table per cost model: speedup over no SD of each, their ratio, and the
 smallest speedup of each over the batch sizes (the "never below 0.98x" floor).
 
-    PYTHONPATH=src python benchmarks/compare_gated.py [--sizes 1,4,16,64,128] [--store NAME=PATH ...]
+    PYTHONPATH=src python benchmarks/compare_gated.py [--sizes 1,4,16,64,128] [--store NAME=PATH ...] \
+        [--cost-models smollm2-135m-cpu-live,llama3.1-8b-h100-chained]
 
 Sets: speclab's four synthetic shapes (n = 60, seed 7), the study-format fixture (InstructCoder- and
 GSM8K-shaped, tests/data/study-simulator), and any Parquet stores given with --store."""
@@ -40,13 +41,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1,4,16,64,128")
     ap.add_argument("--store", action="append", default=[], help="NAME=PATH (repeatable)")
+    ap.add_argument("--cost-models", default=",".join(COST_MODELS))
     a = ap.parse_args()
     sizes = [int(x) for x in a.sizes.split(",")]
     sets = {s: make_set(s, n=60, seed=7) for s in SHAPES} | study_sets()
     for spec in a.store:
         name, _, path = spec.partition("=")
         sets[name] = read_store(path)
-    for cm in COST_MODELS:
+    for cm in a.cost_models.split(","):
         print(f"\n### {cm} (continuous, steady state)\n")
         print("| set | " + " | ".join(f"B = {b}" for b in sizes) + " | min adaptive | min gated |")
         print("|---|" + "---|" * (len(sizes) + 2))

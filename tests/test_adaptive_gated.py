@@ -4,20 +4,29 @@ anyway."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from speclab.costmodel import get_cost_model
+from speclab.costmodel.model import CostModel, DraftCost
 from speclab.errors import ConfigError
 from speclab.methods.adaptive_live import AdaptiveDriver, play_engine
 from speclab.methods.ngram import NgramProposer
 from speclab.simulate import fast, make_policy, simulate
 from speclab.simulate.adaptive import bind_methods
-from speclab.simulate.adaptive.base import REPROBE
+from speclab.simulate.adaptive.base import GATE_MIN_COST, REPROBE
 from speclab.simulate.coupled import run_steps_coupled
 from speclab.simulate.policies import StepView
 from speclab.traces import MethodTrace, RequestTrace
-from test_adaptive_live import MAX_LEN, copy_request, cpu_like, rejecting_request  # tests/ is on sys.path
+from test_adaptive_live import (
+    MAX_LEN,
+    chat_request,
+    copy_request,
+    cpu_like,
+    rejecting_request,
+)  # tests/ is on sys.path
 
 
 def flat(n: int = 4, L: int = 120) -> list[RequestTrace]:
@@ -41,12 +50,17 @@ def late_copy(L: int = 120, start: int = 40, stop: int = 100) -> RequestTrace:
                         methods={"ngram": MethodTrace(k_max=20, acc_len=acc, num_proposed=npv)})  # fmt: skip
 
 
-def decisions(spec: str, traces: list[RequestTrace], cm: str = "llama3.1-8b-h100-chained"):
+CPU = "smollm2-135m-cpu-live"  # its probes cost 1.5% of the verify each: gated
+
+
+def decisions(spec: str, traces: list[RequestTrace], cm: CostModel | str = CPU, batch: int = 16):
+    """The step table of `spec` over `traces` replicated to fill `batch` slots (all in step)."""
+    cm = get_cost_model(cm)
     p = make_policy(spec)
-    bind_methods([p], traces, get_cost_model(cm))
-    p.cost_model = get_cost_model(cm)
-    ta = fast.prepare(traces, set(p.methods))
-    _, st = run_steps_coupled(ta, p, "continuous", 1, False)
+    bind_methods([p], traces, cm)
+    p.cost_model = cm
+    ta = fast.prepare(traces * batch, set(p.methods))
+    _, st = run_steps_coupled(ta, p, "continuous", batch, False)
     return st
 
 
@@ -56,16 +70,14 @@ def test_registered_and_gated_only_where_asked():
 
 
 def test_unused_lookups_are_probed_every_reprobe_positions_and_charged_so():
-    tr = flat()
+    tr = flat(16)
     st = decisions("adaptive-gated:ngram", tr[:1])
-    probed = st.pos[st.probed]
-    # the first step probes; after it the request is dormant and probed every REPROBE positions
-    assert probed[0] == 1 and np.all(np.diff(probed) == REPROBE)
-    g, a = (
-        simulate(tr, "llama3.1-8b-h100", [s], "static", [4])[0]
-        for s in ("adaptive-gated:ngram", "adaptive:ngram")
-    )
-    share = len(probed) / len(st.pos)
+    # the first step probes; after it each request is dormant and probed every REPROBE positions
+    for r in range(16):
+        probed = st.pos[(st.req == r) & st.probed]
+        assert probed[0] == 1 and np.all(np.diff(probed) == REPROBE)
+    g, a = (simulate(tr, CPU, [s], "static", [16])[0] for s in ("adaptive-gated:ngram", "adaptive:ngram"))
+    share = st.probed.mean()
     # the same steps, verify and speedup ordering; the probe charge falls to the probed share
     assert g.time_split_s["verify"] == pytest.approx(a.time_split_s["verify"])
     assert g.time_split_s["propose"] == pytest.approx(share * a.time_split_s["propose"], rel=0.05)
@@ -80,8 +92,9 @@ def test_a_copy_that_starts_while_dormant_is_caught_within_reprobe():
     # inside the copy the lookup runs at every step
     inside = (st.pos > drafted[0]) & (st.pos < 95)
     assert st.probed[inside].all()
-    g, a = (simulate(tr, "llama3.1-8b-h100-chained", [s], "continuous", [1])[0]
-            for s in ("adaptive-gated:ngram", "adaptive:ngram"))  # fmt: skip
+    g, a = (
+        simulate(tr * 16, CPU, [s], "static", [16])[0] for s in ("adaptive-gated:ngram", "adaptive:ngram")
+    )
     assert g.speedup > 0.95 * a.speedup
 
 
@@ -89,8 +102,9 @@ def test_hindsight_at_unprobed_positions_reads_unknown():
     """What a gated policy sees at a position it did not probe is -1, never the trace's value."""
     tr = [late_copy(60, 5, 50)]
     p = make_policy("adaptive-gated:ngram")
-    bind_methods([p], tr, get_cost_model("llama3.1-8b-h100-chained"))
-    ta = fast.prepare(tr, {"ngram"})
+    bind_methods([p], tr, get_cost_model(CPU))
+    p.cost_model = get_cost_model(CPU)
+    ta = fast.prepare(tr * 16, {"ngram"})
     seen: list[tuple[int, np.ndarray, np.ndarray]] = []
     inner = p.decide
 
@@ -100,7 +114,7 @@ def test_hindsight_at_unprobed_positions_reads_unknown():
         return m, k
 
     p.decide = spy  # type: ignore[method-assign]
-    run_steps_coupled(ta, p, "continuous", 1, False)
+    run_steps_coupled(ta, p, "continuous", 16, False)
     flags = {pos: bool(pr[0]) for pos, _, pr in seen}
     checked = 0
     for pos, h, _ in seen:
@@ -121,6 +135,15 @@ def test_drafting_from_a_lookup_not_run_is_refused():
     with pytest.raises(ConfigError, match="did not run"):
         fast.check_probed(Cheat(), v, np.array([0, 0]), np.array([3, 2]))  # type: ignore[arg-type]
     fast.check_probed(Cheat(), v, np.array([0, -1]), np.array([3, 0]))  # type: ignore[arg-type]
+
+
+def test_cheap_probes_are_never_gated():
+    """Under the H100 preset (probes at 0.59% of a step) adaptive-gated is the rule, decision for decision."""
+    tr = flat(3) + [late_copy()]
+    cm = get_cost_model("llama3.1-8b-h100-chained")
+    assert cm.draft["ngram"].fraction < GATE_MIN_COST
+    a, g = (decisions(s, tr, cm, 4) for s in ("adaptive:ngram", "adaptive-gated:ngram"))
+    assert np.array_equal(a.meth, g.meth) and np.array_equal(a.k, g.k) and g.probed.all()
 
 
 @pytest.mark.parametrize("batching", ["replicate", "continuous"])
@@ -146,9 +169,9 @@ def gated(methods=("ngram", "suffix"), **kw) -> AdaptiveDriver:
 def test_live_skips_lookups_where_unused_and_keeps_copies():
     pytest.importorskip("arctic_inference")
     d = gated()
-    reqs = [rejecting_request(s) for s in range(3)]
+    reqs = [chat_request(s) for s in range(3)]  # no copies: the lookups never offer
     play_engine(d, reqs, 4, max_len=MAX_LEN)
-    assert d.probe_rows["skipped"] > d.probe_rows["probed"]  # most rows are not probed
+    assert d.probe_rows["skipped"] > 2 * d.probe_rows["probed"]  # most rows are not probed
     d = gated()
     reqs = [copy_request(s) for s in range(3)]
     log = play_engine(d, reqs, 1, max_len=MAX_LEN)
@@ -193,3 +216,69 @@ def test_live_records_at_probed_positions_match_the_replay():
         assert len(exact) > 5
         for q in exact:
             assert (h.acc[q], h.off[q]) == (acc_replay[q], nprop[q]), (m, q)
+
+
+@pytest.mark.parametrize("batching", ["replicate", "static", "continuous"])
+def test_fast_equals_reference_while_gating(batching):
+    """The vectorised engines and the reference loop charge gated probes alike (per probed request)."""
+    from test_simulate_adaptive import random_traces, same
+
+    tr = random_traces(11, 13, True)
+    aggs = ("total", "study") if batching == "replicate" else ("total",)
+    specs = ["adaptive-gated", "adaptive-gated:ngram:6"]
+    for agg in aggs:
+        kw = dict(aggregate=agg, switch_overhead=1e-3)
+        f = simulate(tr, CPU, specs, batching, [1, 3, 8], **kw)
+        r = simulate(tr, CPU, specs, batching, [1, 3, 8], engine="reference", **kw)
+        same(f, r)
+
+
+@pytest.mark.parametrize("cut", [3, 11])
+def test_gated_decisions_do_not_depend_on_future_positions(cut):
+    """As test_simulate_adaptive's no-future test, with gating active (the CPU model's dear probes); one slot
+    (at B > 1 a request's decisions legitimately depend on its batch mates' whole state)."""
+    from test_simulate_adaptive import random_traces
+
+    tr = random_traces(7, 10, True)
+
+    def run(traces):
+        # probes at 5% of a step (an H100 preset with dear lookups): requests go dormant also at B = 1
+        cm = get_cost_model("llama3.1-8b-h100-chained")
+        cm = replace(cm, draft={**cm.draft, "ngram": DraftCost("verify_fraction", fraction=0.05)})
+        p = make_policy("adaptive-gated")
+        bind_methods([p], traces, cm)
+        p.cost_model = cm
+        log: list[tuple] = []
+        inner = p.decide
+
+        def decide(view):
+            m, k = inner(view)
+            log.extend(
+                zip(
+                    view.req.tolist(),
+                    view.pos.tolist(),
+                    m.tolist(),
+                    k.tolist(),
+                    view.probed.tolist(),
+                    strict=True,
+                )
+            )
+            return m, k
+
+        p.decide = decide  # type: ignore[method-assign]
+        run_steps_coupled(fast.prepare(traces, set(p.methods)), p, "continuous", 1, False)
+        return log
+
+    log = run(tr)
+    assert any(not x[4] for x in log)  # some rows were not probed
+    rng = np.random.default_rng(5)
+    for r in tr:
+        for m in ("ngram", "eagle"):
+            t = r.methods[m]
+            a, npv = t.acc_len.copy(), None if t.num_proposed is None else t.num_proposed.copy()
+            a[cut:] = rng.integers(1, 9, max(0, len(a) - cut))
+            if npv is not None:
+                npv[cut + 1 :] = rng.integers(0, 9, max(0, len(npv) - cut - 1))
+            r.methods[m] = MethodTrace(k_max=8, acc_len=a, num_proposed=npv)
+    before = sorted(x for x in log if x[1] <= cut)
+    assert before == sorted(x for x in run(tr) if x[1] <= cut) and before

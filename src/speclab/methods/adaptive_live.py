@@ -388,7 +388,7 @@ class AdaptiveDriver:
             a = np.array(obs, dtype=np.int64)
             self.policy.observe(StepOutcome(req=a[:, 0], method=a[:, 1], k=a[:, 2], accepted=a[:, 3]))
         # a gated policy says which rows to probe before any probe runs (from the hindsight of earlier ones)
-        view = self._view(live, rows, kv) if live and self.policy.GATED else None
+        view = self._view(live, rows, kv) if live and self.policy.gating else None
         mask = self.policy.gate(view) if view is not None else None
         for r, ((_, req, row), (sampled, n)) in enumerate(zip(live, args, strict=True)):
             run = mask is None or bool(mask[r])
@@ -401,12 +401,11 @@ class AdaptiveDriver:
                     req.hist[meth].last = (req.pos, [])
             self.probe_rows["probed" if run else "skipped"] += 1
         offered = any(len(req.hist[m].last[1]) for _, req, _ in live for m in self.probes)  # type: ignore[index]
-        if not live or (self.model_index is None and not offered):
+        if not live or (self.model_index is None and not offered and view is None):
             # nothing offered by any probe (and no drafter): every option drafts nothing, so the rule's
-            # answer is "off" for all rows (its survival is 0 beyond the offer); skip computing it
+            # answer is "off" for all rows (its survival is 0 beyond the offer); skip computing it (a gated
+            # policy's decide also says which rows to keep probing: not skipped)
             self.counts["off"] += len(live)
-            if view is not None:
-                self.policy.gate_done(view, np.full(len(live), -1, np.int64), np.zeros(len(live), np.int64))
             if draft_model is not None:
                 self._run_model(draft_model, 0)
             return out

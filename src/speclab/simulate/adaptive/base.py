@@ -25,8 +25,11 @@ POOL_LAG = HINDSIGHT  # a past position joins the pooled counts this far back (i
 # model-based drafter: prior per-draft acceptance and its weight in pseudo-trials; per-observation decay
 MB_PRIOR, MB_WEIGHT, MB_DECAY = 0.5, 2.0, 0.95
 # gated policies (adaptive-gated): a request whose lookups are not in use is probed only every REPROBE
-# positions; GATE_RING positions of probe flags are remembered per request (more than any depth read)
+# positions, where the probes cost at least GATE_MIN_COST of the verify time per step under the cost model
+# (below it the copy starts found late cost more than the probes saved: docs/adaptive.md, "Gated probes");
+# GATE_RING positions of probe flags are remembered per request (more than any depth read)
 REPROBE = 4
+GATE_MIN_COST = 0.01
 GATE_RING = 128
 _NEVER = -(1 << 40)
 
@@ -126,7 +129,7 @@ class AdaptiveBase(Policy):
         decision used no lookup and no lookup showed a copy in progress -- and then still every REPROBE
         positions, and at once when the position before (probed) starts a copy. Sets view.probed; the live
         driver calls it before running the probes, decide() again (same view: no second update)."""
-        if not self.GATED or not self.probes:
+        if not self.gating:
             return None
         if view.probed is not None and self._view is view:
             return view.probed
@@ -156,12 +159,44 @@ class AdaptiveBase(Policy):
         view.probed = probe
         return probe
 
-    def gate_done(self, view: StepView, meth: np.ndarray, k: np.ndarray) -> None:
-        """After the decision: a request goes dormant where it drafts from no lookup and none shows a copy."""
+    @property
+    def gating(self) -> bool:
+        """Whether gate() ever skips a probe: a GATED family, with probes that cost >= GATE_MIN_COST."""
+        return self.GATED and bool(self.probes) and self.probe_cost() >= GATE_MIN_COST
+
+    def probe_cost(self) -> float:
+        """The probes' charge per step as a share of the verify time (cost model: verify_fraction forms)."""
+        return float(sum(self.cm.draft_for(m).fraction for m in self.probes))
+
+    def gate_done(
+        self, view: StepView, meth: np.ndarray, k: np.ndarray, surv: list[np.ndarray] | None = None
+    ) -> None:
+        """After the decision, which requests go dormant. `meth`, `k`: the decision this step would have made
+        if every lookup offered all it may (with this step's estimates `surv` and live batch). A request stays
+        awake where a lookup shows a copy in progress, or where that decision drafts from a lookup and the
+        tokens it expects from it, times how often the lookup offers at all (its probed positions in the
+        window), are worth the probes' cost (a share of a step, in tokens of a plain decode): where lookup
+        drafts pay at the rate seen outside copies it keeps probing; where they would not be used, or
+        the lookup hardly ever offers, it goes dormant."""
         if not self.GATED or not self.probes or self._view is not view:
             return
-        lookup = np.isin(meth, [j for j, m in enumerate(self.methods) if m in self.probes]) & (k > 0)
-        self.dormant[view.req] = ~lookup & ~self._incopy
+        awake = self._incopy.copy()
+        n = len(view)
+        for j, m in enumerate(self.methods):
+            sel = (meth == j) & (k > 0)
+            if m not in self.probes or not sel.any():
+                continue
+            gain = np.zeros(n)
+            if surv is not None:
+                cum = np.concatenate([np.zeros((n, 1)), np.cumsum(surv[j], axis=1)], axis=1)
+                gain = cum[np.arange(n), np.minimum(k, surv[j].shape[1])]
+            else:
+                gain = np.ones(n)
+            off = self.past_offers(view, m, RATE_WINDOW)
+            if off is not None:  # how often it offers (among probed positions; one offer in two a priori)
+                gain = gain * ((off > 0).sum(axis=1) + 1.0) / ((off >= 0).sum(axis=1) + 2.0)
+            awake |= sel & (gain >= self.probe_cost())
+        self.dormant[view.req] = ~awake
 
     def _unprobed(self, view: StepView, depth: int) -> np.ndarray | None:
         """(n, depth) True where position pos - d was not probed (gated policies), else None."""
@@ -185,9 +220,10 @@ class AdaptiveBase(Policy):
         return o if u is None else np.where(u, -1, o)
 
     # --- estimates ------------------------------------------------------------------------------------
-    def survival(self, view: StepView, j: int) -> np.ndarray:
+    def survival(self, view: StepView, j: int, offered: bool = True) -> np.ndarray:
         """(n, kmax) estimated survival of methods[j]'s drafts at the current position, capped by the
-        proposer's recorded offer where known."""
+        proposer's recorded offer where known (offered=False: as if a lookup offered all it may, for
+        gate_done's question)."""
         m, km = self.methods[j], self.kmax[j]
         if m in self.probes:
             hind, offers = self.hindsight(view, m, RATE_WINDOW), self.past_offers(view, m, RATE_WINDOW)
@@ -197,6 +233,8 @@ class AdaptiveBase(Policy):
             s = self.free_survival(hind, offers, km, self.pool[m])
         else:
             s = self.model_survival(view.req, j, km)
+        if not offered:
+            return s
         npr = view.num_proposed(m)
         if npr is not None:
             s = np.where(np.arange(km)[None, :] < npr[:, None], s, 0.0)

@@ -18,11 +18,11 @@ class AdaptiveRule(AdaptiveBase):
         self.gate(view)
         surv = [self.survival(view, j) for j in range(len(self.methods))]
         group = np.zeros(len(view), np.int64) if view.one_batch else np.arange(len(view))
-        meth, k = batch_choice(
-            self.cm, self.methods, surv, self.kmax, view.occupancy, view.batch_kv, self.probes, group,
-            offers=self.offer_caps(view),
-        )  # fmt: skip
-        self.gate_done(view, meth, k)
+        args = (self.cm, self.methods, surv, self.kmax, view.occupancy, view.batch_kv, self.probes, group)
+        meth, k = batch_choice(*args, offers=self.offer_caps(view))
+        if view.probed is not None and self._view is view:  # gated: would a lookup be used if it offered?
+            free = [self.survival(view, j, offered=False) for j in range(len(self.methods))]
+            self.gate_done(view, *batch_choice(*args[:2], free, *args[3:]), free)
         return meth, k
 
     def observe(self, outcome: StepOutcome) -> None:
