@@ -16,6 +16,7 @@ import gzip
 import tempfile
 from pathlib import Path
 
+import speclab.simulate.adaptive.base as base
 from speclab.simulate import simulate
 from speclab.simulate.adaptive.synth import SHAPES, make_set
 from speclab.traces import RequestTrace, read_store
@@ -42,12 +43,18 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,4,16,64,128")
     ap.add_argument("--store", action="append", default=[], help="NAME=PATH (repeatable)")
     ap.add_argument("--cost-models", default=",".join(COST_MODELS))
+    ap.add_argument("--gate-min-cost", type=float, help="override base.GATE_MIN_COST (an experiment)")
+    ap.add_argument("--sets", help="comma-separated subset of the set names")
     a = ap.parse_args()
     sizes = [int(x) for x in a.sizes.split(",")]
+    if a.gate_min_cost is not None:
+        base.GATE_MIN_COST = a.gate_min_cost
     sets = {s: make_set(s, n=60, seed=7) for s in SHAPES} | study_sets()
     for spec in a.store:
         name, _, path = spec.partition("=")
         sets[name] = read_store(path)
+    if a.sets:
+        sets = {k: v for k, v in sets.items() if k in a.sets.split(",")}
     for cm in a.cost_models.split(","):
         print(f"\n### {cm} (continuous, steady state)\n")
         print("| set | " + " | ".join(f"B = {b}" for b in sizes) + " | min adaptive | min gated |")

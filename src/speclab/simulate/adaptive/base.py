@@ -30,6 +30,9 @@ MB_PRIOR, MB_WEIGHT, MB_DECAY = 0.5, 2.0, 0.95
 # GATE_RING positions of probe flags are remembered per request (more than any depth read)
 REPROBE = 4
 GATE_MIN_COST = 0.01
+# a copy start (gate_done): a draft matching >= COPY_START tokens; its rate's prior, and weight in positions
+COPY_START = 3
+START_PRIOR, START_WEIGHT = 1.0 / 64.0, 16.0
 GATE_RING = 128
 _NEVER = -(1 << 40)
 
@@ -125,10 +128,10 @@ class AdaptiveBase(Policy):
     # --- gating (GATED families) ------------------------------------------------------------------------
     def gate(self, view: StepView) -> np.ndarray | None:
         """Which rows of `view` run their probes at this step (None: all; not gated). Decided before any
-        probe runs, from what earlier probes saw: a request is probed unless it is dormant -- its last
-        decision used no lookup and no lookup showed a copy in progress -- and then still every REPROBE
-        positions, and at once when the position before (probed) starts a copy. Sets view.probed; the live
-        driver calls it before running the probes, decide() again (same view: no second update)."""
+        probe runs, from what earlier probes saw: a request is probed unless it is dormant (gate_done, at
+        its previous step), and then still every REPROBE positions, and at once where the lookup at the
+        position before (probed) matched its next token. Sets view.probed; the live driver calls it before
+        running the probes, decide() again (same view: no second update)."""
         if not self.gating:
             return None
         if view.probed is not None and self._view is view:
@@ -169,7 +172,12 @@ class AdaptiveBase(Policy):
         return float(sum(self.cm.draft_for(m).fraction for m in self.probes))
 
     def gate_done(
-        self, view: StepView, meth: np.ndarray, k: np.ndarray, surv: list[np.ndarray] | None = None
+        self,
+        view: StepView,
+        meth: np.ndarray,
+        k: np.ndarray,
+        surv: list[np.ndarray] | None = None,
+        copies_pay: np.ndarray | None = None,
     ) -> None:
         """After the decision, which requests go dormant. `meth`, `k`: the decision this step would have made
         if every lookup offered all it may (with this step's estimates `surv` and live batch). A request stays
@@ -177,26 +185,52 @@ class AdaptiveBase(Policy):
         tokens it expects from it, times how often the lookup offers at all (its probed positions in the
         window), are worth the probes' cost (a share of a step, in tokens of a plain decode): where lookup
         drafts pay at the rate seen outside copies it keeps probing; where they would not be used, or
-        the lookup hardly ever offers, it goes dormant."""
+        the lookup hardly ever offers, it goes dormant. Where copies start often (copy_starts) and a copy
+        would be drafted from at this batch (`copies_pay`: the decision with every lookup in a copy), it
+        stays awake too: found late, a copy costs more than the probes saved."""
         if not self.GATED or not self.probes or self._view is not view:
             return
-        awake = self._incopy.copy()
+        cost = self.probe_cost()
+        # where copies start often, a late find costs more than the probes saved: dormant, a copy start
+        # is found on average REPROBE / 2 positions late, each decoded one token per step instead of
+        # within a copy (~3/4 of a step lost per position), against the probes' cost at every position
+        often = self.copy_starts(view) * 0.75 * REPROBE / 2 >= cost * (1 - 1 / REPROBE)
+        awake = self._incopy | (often & (True if copies_pay is None else copies_pay))
         n = len(view)
         for j, m in enumerate(self.methods):
             sel = (meth == j) & (k > 0)
             if m not in self.probes or not sel.any():
                 continue
-            gain = np.zeros(n)
-            if surv is not None:
+            gain = np.ones(n)  # without estimates: a draft worth a token
+            if surv is not None:  # the tokens it expects beyond the one a plain step gives
                 cum = np.concatenate([np.zeros((n, 1)), np.cumsum(surv[j], axis=1)], axis=1)
                 gain = cum[np.arange(n), np.minimum(k, surv[j].shape[1])]
-            else:
-                gain = np.ones(n)
             off = self.past_offers(view, m, RATE_WINDOW)
             if off is not None:  # how often it offers (among probed positions; one offer in two a priori)
                 gain = gain * ((off > 0).sum(axis=1) + 1.0) / ((off >= 0).sum(axis=1) + 2.0)
-            awake |= sel & (gain >= self.probe_cost())
+            awake |= sel & (gain >= cost)
         self.dormant[view.req] = ~awake
+
+    def copy_survival(self, n: int, j: int) -> np.ndarray:
+        """methods[j]'s survival as if a copy had just been seen in progress (a run of 1, the rule's
+        continuation with its prior; for gate_done's `copies_pay`)."""
+        w = COPY_PRIOR + 1.0
+        c0 = COPY_PRIOR / w
+        return geometric(np.full(n, min((1 + w * c0) / (1 + w), max(0.95, c0))), self.kmax[j])
+
+    def copy_starts(self, view: StepView) -> np.ndarray:
+        """Per request, the rate of copy starts among its probed positions in the window, any lookup: a
+        position whose draft matched >= COPY_START tokens where the position before did not match its next
+        token; shrunk to START_PRIOR with START_WEIGHT pseudo-positions."""
+        starts = np.zeros(len(view))
+        seen = np.zeros(len(view))
+        for m in self.probes:
+            h = self.hindsight(view, m, RATE_WINDOW)
+            prev = np.concatenate([h[:, 1:], np.full((len(view), 1), -1)], axis=1)  # at q - 1
+            known = (h >= 0) & (np.arange(1, h.shape[1] + 1)[None, :] >= COPY_START)
+            starts = np.maximum(starts, (known & (h >= COPY_START) & (prev < 1)).sum(axis=1))
+            seen = np.maximum(seen, known.sum(axis=1))
+        return (starts + START_WEIGHT * START_PRIOR) / (seen + START_WEIGHT)
 
     def _unprobed(self, view: StepView, depth: int) -> np.ndarray | None:
         """(n, depth) True where position pos - d was not probed (gated policies), else None."""

@@ -37,7 +37,7 @@ from speclab.simulate.adaptive.survival import prior_trained_on
 from speclab.simulate.api import simulate
 from speclab.traces.model import RequestTrace
 
-ONLINE = ["adaptive", "adaptive-learned", "adaptive-survival", "adaptive-bandit"]
+ONLINE = ["adaptive", "adaptive-gated", "adaptive-learned", "adaptive-survival", "adaptive-bandit"]
 FIELDS = ["set", "batch_size", "policy", "role", "speedup", "throughput_tok_s"]
 KMAX_STATIC = 8
 

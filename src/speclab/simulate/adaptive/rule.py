@@ -22,7 +22,15 @@ class AdaptiveRule(AdaptiveBase):
         meth, k = batch_choice(*args, offers=self.offer_caps(view))
         if view.probed is not None and self._view is view:  # gated: would a lookup be used if it offered?
             free = [self.survival(view, j, offered=False) for j in range(len(self.methods))]
-            self.gate_done(view, *batch_choice(*args[:2], free, *args[3:]), free)
+            fm, fk = batch_choice(*args[:2], free, *args[3:])
+            # ... and would it draft from a copy, were one in progress?
+            cs = [
+                self.copy_survival(len(view), j) if m in self.probes else free[j]
+                for j, m in enumerate(self.methods)
+            ]
+            cm_, ck = batch_choice(*args[:2], cs, *args[3:])
+            lookups = [j for j, m in enumerate(self.methods) if m in self.probes]
+            self.gate_done(view, fm, fk, free, np.isin(cm_, lookups) & (ck > 0))
         return meth, k
 
     def observe(self, outcome: StepOutcome) -> None:
