@@ -12,7 +12,7 @@ from speclab.costmodel.model import CostModel
 from speclab.errors import ConfigError
 from speclab.methods.catalog import MODEL_FREE
 from speclab.simulate.adaptive.goodput import geometric, run_length
-from speclab.simulate.policies import Policy, PolicyContext, StepView, _int, _method
+from speclab.simulate.policies import Policy, PolicyContext, StepOutcome, StepView, _int, _method
 from speclab.traces.model import RequestTrace
 
 DEFAULT_COST_MODEL = "llama3.1-8b-h100-chained"
@@ -32,7 +32,9 @@ REPROBE = 4
 GATE_MIN_COST = 0.01
 # a copy start (gate_done): a draft matching >= COPY_START tokens; its rate's prior, and weight in positions
 COPY_START = 3
-START_PRIOR, START_WEIGHT = 1.0 / 64.0, 16.0
+START_PRIOR, START_WEIGHT = 1.0 / 64.0, 4.0
+# calibration (adaptive-gated): prior weight in drafts, bounds of the factor, discount per lookup step
+CAL_WEIGHT, CAL_MIN, CAL_MAX, CAL_DECAY = 8.0, 0.25, 1.5, 0.995
 GATE_RING = 128
 _NEVER = -(1 << 40)
 
@@ -40,7 +42,9 @@ _NEVER = -(1 << 40)
 class AdaptiveBase(Policy):
     """An online policy that reads the live batch and probes the model-free methods it uses."""
 
-    POOLS: ClassVar[bool] = False  # Policy.pools_requests of the family (adaptive-pooled: True)
+    POOLS: ClassVar[bool] = False  # Policy.pools_requests of the family (adaptive-pooled, -gated: True)
+    POOL_PRIORS: ClassVar[bool] = False  # lookup priors pooled over requests (pool_counts; adaptive-pooled)
+    CALIBRATES: ClassVar[bool] = False  # lookup estimates scaled by their pooled record (adaptive-gated)
     GATED: ClassVar[bool] = False  # probes only the requests that may use them (adaptive-gated: True)
 
     @classmethod
@@ -96,6 +100,10 @@ class AdaptiveBase(Policy):
         self.dormant = np.zeros(n, bool)
         self._view: StepView | None = None  # the view gate() last masked, and its rows' state
         self._incopy = np.zeros(0, bool)
+        # calibration (CALIBRATES): per method, discounted [drafts predicted accepted, drafts accepted] of
+        # the lookup drafts of every request served; per request, its pending step's prediction
+        self.cal = np.zeros((len(self.methods), 2))
+        self.pending = np.full(n, np.nan)  # nan: no prediction recorded (replicate: each its own engine)
 
     def reset_request(self, slot: int) -> None:
         """A request slot reused for a new request (the live proposer recycles them)."""
@@ -109,6 +117,7 @@ class AdaptiveBase(Policy):
         self.prev_probed[slot] = True
         self.last_probe[slot] = _NEVER
         self.dormant[slot] = False
+        self.pending[slot] = np.nan
 
     def grow(self, n: int) -> None:
         """Room for n request slots (the live proposer's grow as requests arrive)."""
@@ -124,6 +133,7 @@ class AdaptiveBase(Policy):
             self.prev_probed = np.concatenate([self.prev_probed, np.ones(extra, bool)])
             self.last_probe = np.concatenate([self.last_probe, np.full(extra, _NEVER, np.int64)])
             self.dormant = np.concatenate([self.dormant, np.zeros(extra, bool)])
+            self.pending = np.concatenate([self.pending, np.full(extra, np.nan)])
 
     # --- gating (GATED families) ------------------------------------------------------------------------
     def gate(self, view: StepView) -> np.ndarray | None:
@@ -262,7 +272,7 @@ class AdaptiveBase(Policy):
         if m in self.probes:
             hind, offers = self.hindsight(view, m, RATE_WINDOW), self.past_offers(view, m, RATE_WINDOW)
             # pool only one engine's requests in time order (Policy.pools_requests)
-            if self.pools_requests and view.one_batch:
+            if self.POOL_PRIORS and self.pools_requests and view.one_batch:
                 self.pool[m] += pool_counts(hind, offers, view.pos, self.folded[m], view.req)
             s = self.free_survival(hind, offers, km, self.pool[m])
         else:
@@ -320,6 +330,50 @@ class AdaptiveBase(Policy):
         s, f = self.s[j, req], self.f[j, req]
         alpha = (s + MB_WEIGHT * MB_PRIOR) / (s + f + MB_WEIGHT)
         return geometric(alpha, km)
+
+    # --- calibration (CALIBRATES) --------------------------------------------------------------------------
+    def calibration(self, j: int) -> float:
+        """The factor on methods[j]'s estimated survival: drafts accepted over drafts predicted, pooled over
+        the lookup drafts of every request served (discounted), shrunk to 1 with CAL_WEIGHT drafts, in
+        [CAL_MIN, CAL_MAX]. A rule whose lookup estimates run high on this deployment (copies that end
+        sooner than its continuation prior says) drafts less."""
+        if not self.CALIBRATES:
+            return 1.0
+        pred, got = self.cal[j]
+        return float(np.clip((got + CAL_WEIGHT) / (pred + CAL_WEIGHT), CAL_MIN, CAL_MAX))
+
+    def calibrated(self, surv: list[np.ndarray]) -> list[np.ndarray]:
+        if not self.CALIBRATES:
+            return surv
+        return [
+            np.minimum(s * self.calibration(j), 0.999) if m in self.probes else s
+            for j, (m, s) in enumerate(zip(self.methods, surv, strict=True))
+        ]
+
+    def predict(self, view: StepView, surv: list[np.ndarray], meth: np.ndarray, k: np.ndarray) -> None:
+        """Record each row's predicted accepted drafts (uncalibrated estimates) for calibrate_with."""
+        if not (self.CALIBRATES and view.one_batch):
+            return
+        pred = np.zeros(len(view))
+        for j, m in enumerate(self.methods):
+            sel = (meth == j) & (k > 0)
+            if m in self.probes and sel.any():
+                cum = np.cumsum(surv[j], axis=1)
+                pred[sel] = cum[np.flatnonzero(sel), np.minimum(k[sel], surv[j].shape[1]) - 1]
+        self.pending[view.req] = pred
+
+    def calibrate_with(self, outcome: StepOutcome) -> None:
+        if not self.CALIBRATES:
+            return
+        known = ~np.isnan(self.pending[outcome.req])
+        for j, m in enumerate(self.methods):
+            sel = (outcome.method == j) & (outcome.k > 0) & known
+            if m not in self.probes or not sel.any():
+                continue
+            n = int(sel.sum())
+            self.cal[j] *= CAL_DECAY**n
+            self.cal[j] += (self.pending[outcome.req[sel]].sum(), float(outcome.accepted[sel].sum()))
+        self.pending[outcome.req] = np.nan
 
     def learn(self, req: np.ndarray, meth: np.ndarray, k: np.ndarray, accepted: np.ndarray) -> None:
         """Update the model-based estimates with the steps where a model-based method was chosen."""

@@ -16,25 +16,28 @@ from speclab.simulate.policies import StepOutcome, StepView
 class AdaptiveRule(AdaptiveBase):
     def decide(self, view: StepView) -> tuple[np.ndarray, np.ndarray]:
         self.gate(view)
-        surv = [self.survival(view, j) for j in range(len(self.methods))]
+        raw = [self.survival(view, j) for j in range(len(self.methods))]
+        surv = self.calibrated(raw)
         group = np.zeros(len(view), np.int64) if view.one_batch else np.arange(len(view))
         args = (self.cm, self.methods, surv, self.kmax, view.occupancy, view.batch_kv, self.probes, group)
         meth, k = batch_choice(*args, offers=self.offer_caps(view))
+        self.predict(view, raw, meth, k)
         if view.probed is not None and self._view is view:  # gated: would a lookup be used if it offered?
-            free = [self.survival(view, j, offered=False) for j in range(len(self.methods))]
+            free = self.calibrated([self.survival(view, j, offered=False) for j in range(len(self.methods))])
             fm, fk = batch_choice(*args[:2], free, *args[3:])
             # ... and would it draft from a copy, were one in progress?
             cs = [
                 self.copy_survival(len(view), j) if m in self.probes else free[j]
                 for j, m in enumerate(self.methods)
             ]
-            cm_, ck = batch_choice(*args[:2], cs, *args[3:])
+            cm_, ck = batch_choice(*args[:2], self.calibrated(cs), *args[3:])
             lookups = [j for j, m in enumerate(self.methods) if m in self.probes]
             self.gate_done(view, fm, fk, free, np.isin(cm_, lookups) & (ck > 0))
         return meth, k
 
     def observe(self, outcome: StepOutcome) -> None:
         self.learn(outcome.req, outcome.method, outcome.k, outcome.accepted)
+        self.calibrate_with(outcome)
 
 
 class AdaptivePooled(AdaptiveRule):
@@ -43,6 +46,7 @@ class AdaptivePooled(AdaptiveRule):
     instead of hand-set constants. Mixed in simulation (docs/adaptive.md), so not the default."""
 
     POOLS = True
+    POOL_PRIORS = True
 
 
 class AdaptiveGated(AdaptiveRule):
@@ -51,3 +55,5 @@ class AdaptiveGated(AdaptiveRule):
     shows. Its hindsight has gaps there (read as unknown); the simulator charges probes per probed request."""
 
     GATED = True
+    POOLS = True  # the calibration pools outcomes over requests: served in time order (Policy.pools_requests)
+    CALIBRATES = True
