@@ -285,3 +285,33 @@ def test_gated_decisions_do_not_depend_on_future_positions(cut):
             r.methods[m] = MethodTrace(k_max=8, acc_len=a, num_proposed=npv)
     before = sorted(x for x in log if x[1] <= cut)
     assert before == sorted(x for x in run(tr) if x[1] <= cut) and before
+
+
+def lookup_traces(acc: np.ndarray, n: int = 16) -> list[RequestTrace]:
+    L = len(acc)
+    return [
+        RequestTrace(id=f"s{i}", workload="w", category="code", prompt_len=100, output_len=L,
+                     methods={"ngram": MethodTrace(k_max=8, acc_len=acc.astype(np.int64),
+                                                   num_proposed=np.full(L, 8))})
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def calibrated_policy(tr: list[RequestTrace], batch: int):
+    cm = get_cost_model(CPU)
+    p = make_policy("adaptive-gated:ngram:8")
+    bind_methods([p], tr, cm)
+    p.cost_model = cm
+    run_steps_coupled(fast.prepare(tr, {"ngram"}), p, "continuous", batch, False)
+    return p
+
+
+def test_calibration_follows_what_the_lookup_drafts_get():
+    """Short copies (one or two tokens, where hindsight promises the rule's long continuation): the factor
+    falls below 1; long exact copies: it rises above 1; only the engine's own outcomes are used."""
+    L = 240
+    q = np.arange(L)
+    short = np.where(q % 2 == 0, 3, 1)  # a two-token match every other position, nothing between
+    long = np.minimum(9, 60 - q % 60)  # copies of 60 tokens, all drafts right
+    assert calibrated_policy(lookup_traces(short), 4).calibration(0) < 0.9
+    assert calibrated_policy(lookup_traces(long), 4).calibration(0) > 1.0
