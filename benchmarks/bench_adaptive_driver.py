@@ -2,9 +2,10 @@
 
     python benchmarks/bench_adaptive_driver.py RUN [--batch 1,4,16] [--repeats 3] [--variants python,vllm]
     python benchmarks/bench_adaptive_driver.py RUN --hybrid 0.56 [--variants shortcut,grid]
+    python benchmarks/bench_adaptive_driver.py RUN --variants adaptive,adaptive-gated
 
 RUN is a `speclab bench` run directory with a no-SD engine (prompts from its job.json, greedy outputs from its
-cells). Each workload's requests are played through `AdaptiveDriver` at each batch size with
+cells at the smallest batch size it ran). Each workload's requests are played through `AdaptiveDriver` at each batch size with
 `adaptive_live.play_engine` (vLLM's continuous batching around the driver, no model), once per variant of
 the n-gram probe (`python`: speclab's incremental index; `vllm`: vLLM's compiled lookup), the variants
 interleaved within each repeat. Prints the mean milliseconds per driver call (total driver time over
@@ -16,6 +17,10 @@ drafter, eagle3, up to 3 passes), the drafter stood in by one that drafts the tr
 probability HIT per position (its own time is not the engine's; the stand-in costs microseconds). Its
 variants: `shortcut` (as shipped: goodput._all_off answers all-off steps without the pass grid) and `grid`
 (the shortcut disabled: every step through the grid), to measure what the shortcut saves.
+
+Variants named after an adaptive policy (`adaptive`, `adaptive-gated`, ...): the model-free driver running
+that policy (vLLM's n-gram kernel where it imports); besides the time it prints the rows probed and the
+drafted / accepted tokens, so a policy's cost and what it buys are side by side.
 """
 
 from __future__ import annotations
@@ -41,8 +46,9 @@ def load_requests(run: Path) -> dict[str, list[tuple[list[int], list[int]]]]:
     job = read_job(jobs[-1])
     results = {r.cell_id: r for r in read_results(jobs[-1].parent / "cells.jsonl") if r.status == "ok"}
     out: dict[str, list[tuple[list[int], list[int]]]] = {}
+    smallest = min((c.batch_size for c in job.cells if c.cell_id in results), default=1)
     for cell in job.cells:
-        if cell.batch_size != 1 or cell.cell_id not in results:
+        if cell.batch_size != smallest or cell.cell_id not in results:
             continue
         workload = cell.cell_id.split(".")[1]
         outputs = {q.id: q.output_token_ids for q in results[cell.cell_id].requests}
@@ -90,10 +96,20 @@ def main(argv: list[str] | None = None) -> int:
         for b in (int(x) for x in args.batch.split(",")):
             per: dict[str, list[float]] = {v: [] for v in variants}
             calls: dict[str, int] = {}
+            seen: dict[str, tuple[int, int, int, int]] = {}
             for _ in range(args.repeats):
                 for v in variants:  # interleaved: a slow phase of the machine hits every variant
                     timer: list[float] = []
-                    if args.hybrid is None:
+                    if v.startswith("adaptive"):
+                        drv = AdaptiveDriver(kmax=args.kmax, max_model_len=4096, policy=v, **extra)
+                        log = play_engine(drv, rs, b, timer=timer)
+                        seen[v] = (
+                            drv.probe_rows["probed"],
+                            drv.probe_rows["probed"] + drv.probe_rows["skipped"],
+                            sum(d for lg in log.values() for d, _ in lg),
+                            sum(a for lg in log.values() for _, a in lg),
+                        )
+                    elif args.hybrid is None:
                         drv = AdaptiveDriver(kmax=args.kmax, max_model_len=4096, ngram_impl=v, **extra)
                         play_engine(drv, rs, b, timer=timer)
                     else:
@@ -117,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                 med = statistics.median(per[v])
                 print(
                     f"{workload:18s} {b:3d}  {v:8s}  {med:7.3f} [{min(per[v]):.3f}-{max(per[v]):.3f}]"
-                    f"{'':16s}{calls[v]:6d}  {med / base:.2f}",
+                    f"{'':16s}{calls[v]:6d}  {med / base:.2f}"
+                    + ("  probed {}/{} rows, drafted {} accepted {}".format(*seen[v]) if v in seen else ""),
                     flush=True,
                 )
     print(f"# load average at end: {os.getloadavg()}")

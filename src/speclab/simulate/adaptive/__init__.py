@@ -44,9 +44,9 @@ register_policy(
 register_policy(
     "adaptive-gated",
     SYNTAX.format("adaptive-gated"),
-    "online rule as adaptive, probing only the requests that may use a lookup: one that drafts from none and "
-    "shows no copy in progress is probed every few positions until a copy shows (probes charged per probed "
-    "request)",
+    "online rule as adaptive, probing only the requests that may use a lookup where probes are dear (a dormant "
+    "one is probed every few positions; probes charged per probed request), with the lookups' estimates "
+    "calibrated by the pooled record of its own lookup drafts",
     _factory(AdaptiveGated, "adaptive-gated"),
 )
 register_policy(

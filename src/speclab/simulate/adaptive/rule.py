@@ -50,9 +50,10 @@ class AdaptivePooled(AdaptiveRule):
 
 
 class AdaptiveGated(AdaptiveRule):
-    """`adaptive-gated`: the rule, probing only the requests that may use a lookup (AdaptiveBase.gate): one
-    that drafted from none and shows no copy in progress is probed every REPROBE positions until a copy
-    shows. Its hindsight has gaps there (read as unknown); the simulator charges probes per probed request."""
+    """`adaptive-gated`: the rule, (1) probing only the requests that may use a lookup where the probes are
+    dear (AdaptiveBase.gate / gate_done: a dormant request is probed every REPROBE positions; what it did
+    not probe reads as unknown; the simulator charges probes per probed request), and (2) with the lookups'
+    estimates scaled by the pooled record of its own lookup drafts (AdaptiveBase.calibration)."""
 
     GATED = True
     POOLS = True  # the calibration pools outcomes over requests: served in time order (Policy.pools_requests)
