@@ -13,20 +13,20 @@ from speclab.costmodel import get_cost_model
 from speclab.costmodel.model import CostModel, DraftCost
 from speclab.errors import ConfigError
 from speclab.methods.adaptive_live import AdaptiveDriver, play_engine
-from speclab.methods.ngram import NgramProposer
 from speclab.simulate import fast, make_policy, simulate
 from speclab.simulate.adaptive import bind_methods
 from speclab.simulate.adaptive.base import GATE_MIN_COST, REPROBE
 from speclab.simulate.coupled import run_steps_coupled
 from speclab.simulate.policies import StepView
 from speclab.traces import MethodTrace, RequestTrace
-from test_adaptive_live import (
+from test_adaptive_live import (  # tests/ is on sys.path
     MAX_LEN,
+    assert_records_match_replay,
     chat_request,
     copy_request,
     cpu_like,
     rejecting_request,
-)  # tests/ is on sys.path
+)
 
 
 def flat(n: int = 4, L: int = 120) -> list[RequestTrace]:
@@ -188,7 +188,6 @@ def test_live_records_at_probed_positions_match_the_replay():
     """Where the gated driver ran its lookups, what it recorded equals the per-position replay's: skipping a
     step leaves the suffix cache and the n-gram context complete."""
     pytest.importorskip("arctic_inference")
-    from speclab.methods.suffix import SuffixSpeculator
 
     d = gated(suffix={"max_cached_requests": 0})
     prompt, out = copy_request(4)
@@ -208,17 +207,7 @@ def test_live_records_at_probed_positions_match_the_replay():
         d.probes[m] = wrapped
     play_engine(d, [(prompt, out)], 1, max_len=MAX_LEN)
     assert d.probe_rows["skipped"] > 0
-    req = holder["r"]
-    replays = {
-        "ngram": NgramProposer(max_model_len=MAX_LEN).replay(np.array(prompt), np.array(out), 8),
-        "suffix": SuffixSpeculator(max_cached_requests=0).replay(prompt, out, 8, max_model_len=MAX_LEN),
-    }
-    for m, (acc_replay, nprop) in replays.items():
-        h = req.hist[m]  # type: ignore[attr-defined]
-        exact = [q for q in ran[m] if q + 8 < len(h.acc)]
-        assert len(exact) > 5
-        for q in exact:
-            assert (h.acc[q], h.off[q]) == (acc_replay[q], nprop[q]), (m, q)
+    assert_records_match_replay(holder["r"], prompt, out, ran)
 
 
 @pytest.mark.parametrize("batching", ["replicate", "static", "continuous"])

@@ -87,12 +87,31 @@ def test_incremental_ngram_equals_speclab_ngram(seed: int) -> None:
             assert inc.propose(k) == ref.propose(x[:t], k).tolist(), (t, k)
 
 
+def assert_records_match_replay(
+    req, prompt: list[int], out: list[int], probed: dict[str, set[int] | list[int]]
+):
+    """At every position in probed[method] whose outcome is final (8 tokens known since), the acc_len and offer
+    the driver recorded for `req` equal the per-position replay's (k_max 8); returns the n-gram positions."""
+    from speclab.methods.suffix import SuffixSpeculator
+
+    replays = {
+        "ngram": NgramProposer(max_model_len=MAX_LEN).replay(np.array(prompt), np.array(out), 8),
+        "suffix": SuffixSpeculator(max_cached_requests=0).replay(prompt, out, 8, max_model_len=MAX_LEN),
+    }
+    for meth, (acc_replay, nprop) in replays.items():
+        h = req.hist[meth]
+        exact = sorted(q for q in probed[meth] if q + 8 < len(h.acc))
+        assert len(exact) > 5
+        for q in exact:
+            assert (h.acc[q], h.off[q]) == (acc_replay[q], nprop[q]), (meth, q)
+    return sorted(q for q in probed["ngram"] if q + 8 < len(req.hist["ngram"].acc))
+
+
 def test_hindsight_bookkeeping_matches_replay() -> None:
     """Across steps, the acc_len and offer recorded at every probed position (position 0 included) equal
     the per-position replay's (k_max = KMAX) once the output is known, for both probes; the policy is told
     the accepted counts of the engine's formula (len(sampled) - 1 after a draft)."""
     pytest.importorskip("arctic_inference")
-    from speclab.methods.suffix import SuffixSpeculator
 
     d = make(methods=("ngram", "suffix"), suffix={"max_cached_requests": 0})
     prompt, out = copy_request(1)
@@ -116,17 +135,8 @@ def test_hindsight_bookkeeping_matches_replay() -> None:
     d.step = spy  # type: ignore[method-assign]
     d.policy.observe = spy_observe  # type: ignore[method-assign]
     log = play(d, [(prompt, out)], batch=1)
-    req = seen["r"]
-    replays = {
-        "ngram": NgramProposer(max_model_len=MAX_LEN).replay(np.array(prompt), np.array(out), 8),
-        "suffix": SuffixSpeculator(max_cached_requests=0).replay(prompt, out, 8, max_model_len=MAX_LEN),
-    }
-    for meth, (acc_replay, nprop) in replays.items():
-        h = req.hist[meth]  # type: ignore[attr-defined]
-        exact = sorted(q for q in probed if q + 8 < len(h.acc))
-        assert len(exact) > 5 and exact[0] == 0
-        for q in exact:
-            assert (h.acc[q], h.off[q]) == (acc_replay[q], nprop[q]), (meth, q)
+    exact = assert_records_match_replay(seen["r"], prompt, out, {m: probed for m in ("ngram", "suffix")})
+    assert exact[0] == 0
     # every draft but the last (its outcome arrives after the request left) was reported with its outcome
     assert observed == log[0][: len(observed)] and len(observed) >= len(log[0]) - 1
     assert sum(a for _, a in log[0]) > 0
