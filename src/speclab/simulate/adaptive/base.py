@@ -37,6 +37,24 @@ START_PRIOR, START_WEIGHT = 1.0 / 64.0, 4.0
 CAL_WEIGHT, CAL_MIN, CAL_MAX, CAL_DECAY = 8.0, 0.25, 1.5, 0.995
 GATE_RING = 128
 _NEVER = -(1 << 40)
+# per-request state of gating and calibration: attribute -> (value of a new request, dtype, width or 0)
+_SLOT_STATE = {
+    "ring_q": (
+        _NEVER,
+        np.int64,
+        GATE_RING,
+    ),  # a ring of (position, probed?) over the last GATE_RING positions
+    "ring_f": (True, bool, GATE_RING),
+    "prev_pos": (-1, np.int64, 0),  # position and probe flag of the previous decision
+    "prev_probed": (True, bool, 0),
+    "last_probe": (_NEVER, np.int64, 0),  # last probed position
+    "dormant": (False, bool, 0),
+    "pending": (np.nan, float, 0),  # the pending step's predicted accepted drafts (nan: none recorded)
+}
+
+
+def _slot_array(n: int, fill: object, dtype: type, width: int) -> np.ndarray:
+    return np.full((n, width) if width else n, fill, dtype)
 
 
 class AdaptiveBase(Policy):
@@ -90,20 +108,15 @@ class AdaptiveBase(Policy):
         # position folded into them
         self.pool = {m: np.zeros(4) for m in self.probes}
         self.folded = {m: np.full(n, -1, np.int64) for m in self.probes}
-        # gating (GATED): per request a ring of (position, probed?) over the last GATE_RING positions, the
-        # position and flag of its previous decision, its last probed position, and whether it is dormant
-        self.ring_q = np.full((n, GATE_RING), _NEVER, np.int64)
-        self.ring_f = np.ones((n, GATE_RING), bool)
-        self.prev_pos = np.full(n, -1, np.int64)
-        self.prev_probed = np.ones(n, bool)
-        self.last_probe = np.full(n, _NEVER, np.int64)
-        self.dormant = np.zeros(n, bool)
+        # gating (GATED) and calibration (CALIBRATES), per request (_SLOT_STATE)
+        for name, (fill, dtype, width) in _SLOT_STATE.items():
+            setattr(self, name, _slot_array(n, fill, dtype, width))
         self._view: StepView | None = None  # the view gate() last masked, and its rows' state
         self._incopy = np.zeros(0, bool)
-        # calibration (CALIBRATES): per method, discounted [drafts predicted accepted, drafts accepted] of
-        # the lookup drafts of every request served; per request, its pending step's prediction
+        self._masked: dict[tuple[str, str, int], np.ndarray | None] = {}  # this view's masked reads
+        # calibration: per method, discounted [drafts predicted accepted, drafts accepted] of the lookup
+        # drafts of every request served
         self.cal = np.zeros((len(self.methods), 2))
-        self.pending = np.full(n, np.nan)  # nan: no prediction recorded (replicate: each its own engine)
 
     def reset_request(self, slot: int) -> None:
         """A request slot reused for a new request (the live proposer recycles them)."""
@@ -111,13 +124,8 @@ class AdaptiveBase(Policy):
         self.f[:, slot] = 0.0
         for f in self.folded.values():
             f[slot] = -1
-        self.ring_q[slot] = _NEVER
-        self.ring_f[slot] = True
-        self.prev_pos[slot] = -1
-        self.prev_probed[slot] = True
-        self.last_probe[slot] = _NEVER
-        self.dormant[slot] = False
-        self.pending[slot] = np.nan
+        for name, (fill, _, _) in _SLOT_STATE.items():
+            getattr(self, name)[slot] = fill
 
     def grow(self, n: int) -> None:
         """Room for n request slots (the live proposer's grow as requests arrive)."""
@@ -127,13 +135,10 @@ class AdaptiveBase(Policy):
             self.f = np.pad(self.f, ((0, 0), (0, extra)))
             for m, f in self.folded.items():
                 self.folded[m] = np.concatenate([f, np.full(extra, -1, np.int64)])
-            self.ring_q = np.concatenate([self.ring_q, np.full((extra, GATE_RING), _NEVER, np.int64)])
-            self.ring_f = np.concatenate([self.ring_f, np.ones((extra, GATE_RING), bool)])
-            self.prev_pos = np.concatenate([self.prev_pos, np.full(extra, -1, np.int64)])
-            self.prev_probed = np.concatenate([self.prev_probed, np.ones(extra, bool)])
-            self.last_probe = np.concatenate([self.last_probe, np.full(extra, _NEVER, np.int64)])
-            self.dormant = np.concatenate([self.dormant, np.zeros(extra, bool)])
-            self.pending = np.concatenate([self.pending, np.full(extra, np.nan)])
+            for name, (fill, dtype, width) in _SLOT_STATE.items():
+                setattr(
+                    self, name, np.concatenate([getattr(self, name), _slot_array(extra, fill, dtype, width)])
+                )
 
     # --- gating (GATED families) ------------------------------------------------------------------------
     def gate(self, view: StepView) -> np.ndarray | None:
@@ -144,7 +149,7 @@ class AdaptiveBase(Policy):
         running the probes, decide() again (same view: no second update)."""
         if not self.gating:
             return None
-        if view.probed is not None and self._view is view:
+        if self.gated(view):
             return view.probed
         req, pos = view.req, view.pos
         # the previous decision's flag over the positions it covered (pos_prev .. pos - 1)
@@ -160,6 +165,7 @@ class AdaptiveBase(Policy):
                 self.ring_q[req[sel], col] = q[sel]
                 self.ring_f[req[sel], col] = pf[sel]
         self._view = view
+        self._masked = {}
         view.probed = np.ones(len(req), bool)  # while reading hindsight below (nothing at pos is read)
         incopy = np.zeros(len(req), bool)
         for m in self.probes:
@@ -171,6 +177,10 @@ class AdaptiveBase(Policy):
         self._incopy = incopy
         view.probed = probe
         return probe
+
+    def gated(self, view: StepView) -> bool:
+        """Whether gate() has decided this view's probes (its rows' masks apply)."""
+        return self._view is view
 
     @property
     def gating(self) -> bool:
@@ -198,7 +208,7 @@ class AdaptiveBase(Policy):
         the lookup hardly ever offers, it goes dormant. Where copies start often (copy_starts) and a copy
         would be drafted from at this batch (`copies_pay`: the decision with every lookup in a copy), it
         stays awake too: found late, a copy costs more than the probes saved."""
-        if not self.GATED or not self.probes or self._view is not view:
+        if not self.gated(view):
             return
         cost = self.probe_cost()
         # where copies start often, a late find costs more than the probes saved: dormant, a copy start
@@ -242,10 +252,8 @@ class AdaptiveBase(Policy):
             seen = np.maximum(seen, known.sum(axis=1))
         return (starts + START_WEIGHT * START_PRIOR) / (seen + START_WEIGHT)
 
-    def _unprobed(self, view: StepView, depth: int) -> np.ndarray | None:
-        """(n, depth) True where position pos - d was not probed (gated policies), else None."""
-        if not self.GATED or self._view is not view:
-            return None
+    def _unprobed(self, view: StepView, depth: int) -> np.ndarray:
+        """(n, depth) True where position pos - d was not probed (a gated view)."""
         q = view.pos[:, None] - np.arange(1, depth + 1)[None, :]
         col = q % GATE_RING
         r = view.req[:, None]
@@ -253,15 +261,20 @@ class AdaptiveBase(Policy):
 
     def hindsight(self, view: StepView, m: str, depth: int) -> np.ndarray:
         """view.hindsight, -1 (unknown) at positions this policy did not probe."""
-        h = view.hindsight(m, depth)
-        u = self._unprobed(view, depth)
-        return h if u is None else np.where(u, -1, h)
+        return self._mask(view, "hind", m, depth)  # type: ignore[return-value]
 
     def past_offers(self, view: StepView, m: str, depth: int) -> np.ndarray | None:
         """view.past_offers, -1 at positions this policy did not probe."""
-        o = view.past_offers(m, depth)
-        u = None if o is None else self._unprobed(view, depth)
-        return o if u is None else np.where(u, -1, o)
+        return self._mask(view, "offers", m, depth)
+
+    def _mask(self, view: StepView, what: str, m: str, depth: int) -> np.ndarray | None:
+        if not self.gated(view):
+            return view.hindsight(m, depth) if what == "hind" else view.past_offers(m, depth)
+        key = (what, m, depth)  # a gated step reads the same window up to five times: once
+        if key not in self._masked:
+            x = view.hindsight(m, depth) if what == "hind" else view.past_offers(m, depth)
+            self._masked[key] = None if x is None else np.where(self._unprobed(view, depth), -1, x)
+        return self._masked[key]
 
     # --- estimates ------------------------------------------------------------------------------------
     def survival(self, view: StepView, j: int, offered: bool = True) -> np.ndarray:
@@ -282,7 +295,7 @@ class AdaptiveBase(Policy):
         npr = view.num_proposed(m)
         if npr is not None:
             s = np.where(np.arange(km)[None, :] < npr[:, None], s, 0.0)
-        if m in self.probes and view.probed is not None and self._view is view:
+        if m in self.probes and self.gated(view):
             s = np.where(view.probed[:, None], s, 0.0)  # a lookup not run offers nothing
         return s
 
@@ -317,7 +330,7 @@ class AdaptiveBase(Policy):
         """Per method, the most drafts each row's proposer can give now (goodput.batch_choice's `offers`):
         a lookup's recorded offer (0 where a gated policy did not run it); None where not recorded or for a
         model-based drafter (it drafts as many as asked)."""
-        gated = view.probed is not None and self._view is view
+        gated = self.gated(view)
         caps: list[np.ndarray | None] = []
         for m in self.methods:
             npr = view.num_proposed(m) if m in self.probes else None

@@ -22,7 +22,7 @@ class AdaptiveRule(AdaptiveBase):
         args = (self.cm, self.methods, surv, self.kmax, view.occupancy, view.batch_kv, self.probes, group)
         meth, k = batch_choice(*args, offers=self.offer_caps(view))
         self.predict(view, raw, meth, k)
-        if view.probed is not None and self._view is view:  # gated: would a lookup be used if it offered?
+        if self.gated(view):  # would a lookup be used if it offered?
             free = self.calibrated([self.survival(view, j, offered=False) for j in range(len(self.methods))])
             fm, fk = batch_choice(*args[:2], free, *args[3:])
             # ... and would it draft from a copy, were one in progress?
