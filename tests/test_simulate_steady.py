@@ -77,3 +77,60 @@ def test_steady_passes_rule():
     assert passes == int(np.ceil(8 * 16 * 1000 / 10900)) and not capped
     passes, capped = fast.steady_passes(np.array([1_500_000, 10]), 4)
     assert passes == 1 and capped
+
+
+def _uniform_desync(n: int = 24, out_len: int = 80, prompt: int = 400, seed: int = 5) -> list[RequestTrace]:
+    """Requests of one length whose n-gram acceptance varies: without SD they run in lockstep waves, with it
+    their ends spread apart (the steady window then cuts through requests in progress)."""
+    rng = np.random.default_rng(seed)
+    return [
+        RequestTrace(id=f"u{i}", workload="chat", category="chat", prompt_len=prompt, output_len=out_len,
+                     methods={"ngram": MethodTrace(20, np.where(rng.random(out_len) < 0.3,
+                                                                rng.integers(2, 6, out_len), 1))})
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def test_steady_state_does_not_depend_on_the_window_length(monkeypatch):
+    # each prefill is charged over its request's tokens (fast.prefill_charges): the window's figure no
+    # longer carries the prefills of the requests its end cuts through, so 4 requests per slot give what
+    # 40 give; the busy window's own tokens over its time (the previous figure) moves by > 1%
+    tr = _uniform_desync()
+    ta = fast.prepare(tr, {"ngram"})
+    from speclab.costmodel import get_cost_model
+    from speclab.simulate.policies import make_policy
+
+    cm = get_cost_model("smollm2-135m-cpu-live")
+    got, busy = {}, {}
+    for per_slot in (4, 40):
+        monkeypatch.setattr(fast, "STEADY_REQUESTS_PER_SLOT", per_slot)
+        res = simulate(tr, cm, ["none", "fixed:ngram:3"], "continuous", [8])
+        got[per_slot] = res[1].speedup
+        passes, _ = fast.steady_passes(ta.out_len, 8)
+        tm = {}
+        for spec in ("none", "fixed:ngram:3"):
+            p = make_policy(spec)
+            st = fast.baseline_steps(ta) if spec == "none" else fast.run_steps(ta, p, 8, False, "continuous")
+            tx, sx = fast.repeat_requests(ta, st, passes)
+            tm[spec] = fast.step_costs(sx, p, tx, cm, "continuous", 8, None, 0.0)
+        busy[per_slot] = (tm["fixed:ngram:3"].full_tokens / tm["fixed:ngram:3"].busy_s) / (
+            tm["none"].full_tokens / tm["none"].busy_s
+        )
+        assert got[per_slot] == pytest.approx(
+            (tm["fixed:ngram:3"].full_tokens / tm["fixed:ngram:3"].full_s)
+            / (tm["none"].full_tokens / tm["none"].full_s),
+            rel=1e-9,
+        )
+    assert got[4] == pytest.approx(got[40], rel=3e-3)
+    assert abs(busy[4] / busy[40] - 1) > 0.01 and busy[4] < got[4]
+
+
+def test_steady_prefill_charges_match_the_reference():
+    tr = _uniform_desync(n=12, out_len=30)
+    a = simulate(tr, "smollm2-135m-cpu-live", ["none", "fixed:ngram:2"], "continuous", [4])
+    b = simulate(
+        tr, "smollm2-135m-cpu-live", ["none", "fixed:ngram:2"], "continuous", [4], engine="reference"
+    )
+    for x, y in zip(a, b, strict=True):
+        assert x.throughput_tok_s == pytest.approx(y.throughput_tok_s, rel=1e-9)
+        assert x.tail_share == pytest.approx(y.tail_share, abs=1e-12)

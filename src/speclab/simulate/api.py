@@ -338,7 +338,7 @@ def _run_group(
             tm = base_tm if p.spec == "none" else timing(p)
             thr = _aggregate(tm, aggregate)
             steady = (base_steady if p.spec == "none" else _steady(timing(p, passes=passes))) if cont else thr
-            tail = (1.0 - tm.full_s / tm.total_s if tm.total_s > 0 else 0.0) if cont else None
+            tail = (1.0 - tm.busy_s / tm.total_s if tm.total_s > 0 else 0.0) if cont else None
             head, head_base = (
                 (steady, base_steady) if opts.get("continuous_measure") != "makespan" else (thr, base_thr)
             )

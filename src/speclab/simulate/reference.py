@@ -23,7 +23,7 @@ from speclab.simulate.policies import Policy, PolicyContext, StepOutcome, StepVi
 
 
 class _Req:
-    __slots__ = ("q", "i", "pos", "steps", "prev", "start_time")
+    __slots__ = ("q", "i", "pos", "steps", "prev", "start_time", "pre_cost", "in_win")
 
     def __init__(self, q: int, n: int) -> None:
         self.q = q  # instance (admission order; continuous steady state re-admits requests)
@@ -32,6 +32,8 @@ class _Req:
         self.steps = 0
         self.prev = -2
         self.start_time = 0.0
+        self.pre_cost = 0.0  # what its prefill added to its step (fast.prefill_charges)
+        self.in_win = 0  # its tokens produced in the steady window
 
 
 def reference_timing(
@@ -73,7 +75,10 @@ def reference_timing(
         "rej": 0,
         "full_s": 0.0,
         "full_tok": 0,
+        "busy_s": 0.0,
     }
+
+    admitted: list[_Req] = []  # every request prefilled (the steady state's prefill charges)
 
     def run(order: list[int], slots: int) -> float:
         """Run requests through `slots` slots (admitting in order as slots free); returns the makespan."""
@@ -210,9 +215,29 @@ def reference_timing(
             tot["propose"] += draft
             tot["overhead"] += overhead
             tot["steps"] += 1
+            # the steady state charges each prefill over its request's tokens (fast.prefill_charges)
+            pcost = 0.0
+            if new:
+                pre = copies * sum(prompt[r.i] for r in new)
+                nrun = copies * len(running)
+                dec = (
+                    float(cm.target_time(kv, vtok - pre, nrun + spec_tok))
+                    + float(cm.overhead_time(nrun, spec_tok))
+                    if nrun
+                    else 0.0
+                )
+                pcost = verify + float(cm.overhead_time(nreq, spec_tok)) - dec
+                for r in new:
+                    r.pre_cost = pcost * (copies * prompt[r.i] / pre if pre > 0 else 1.0 / len(new))
+                    admitted.append(r)
             if full:
-                tot["full_s"] += dt
+                tot["full_s"] += dt - pcost
+                tot["busy_s"] += dt
                 tot["full_tok"] += step_tok
+                for j, r in enumerate(running):
+                    r.in_win += copies * min(prod_raw_l[j], out_len[r.i] - r.pos)
+                for r in new:
+                    r.in_win += copies
             start = now
             now += dt
             if len(running):
@@ -249,6 +274,7 @@ def reference_timing(
             total += run(chunk, len(chunk))
     else:
         total = run(list(range(ta.n * passes)), batch_size)
+        tot["full_s"] += sum(r.pre_cost * r.in_win / (copies * out_len[r.i]) for r in admitted)
     return Timing(
         latency=latency,
         batch=batch_of,
@@ -263,6 +289,7 @@ def reference_timing(
         rejected=tot["rej"],
         full_s=tot["full_s"] if batching == "continuous" else 0.0,
         full_tokens=tot["full_tok"] if batching == "continuous" else 0,
+        busy_s=tot["busy_s"] if batching == "continuous" else 0.0,
     )
 
 
