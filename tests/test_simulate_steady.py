@@ -134,3 +134,27 @@ def test_steady_prefill_charges_match_the_reference():
     for x, y in zip(a, b, strict=True):
         assert x.throughput_tok_s == pytest.approx(y.throughput_tok_s, rel=1e-9)
         assert x.tail_share == pytest.approx(y.tail_share, abs=1e-12)
+
+
+def test_lookup_charged_on_the_forward_without_its_prefills():
+    # continuous batching mixes prefills into decode steps; a lookup runs over the running requests'
+    # context, so its fraction is charged on the forward without the prompts being prefilled: with no KV
+    # term, the n-gram charge does not move with the prompts' length while the verify time does
+    from speclab.costmodel.model import CostModel
+
+    cm = CostModel.from_toml(
+        'name = "flat-kv"\n[target]\nkv = 0.0\nbatched = 2e-5\nconst = 5e-3\n'
+        "[overhead]\nper_step = 1e-3\nswitch = 0.0\n"
+        '[draft.ngram]\nform = "verify_fraction"\nfraction = 0.01\n',
+        "flat-kv.toml",
+    )
+    base = _uniform_desync(n=12, out_len=30)
+    runs = {}
+    for mult in (1, 4):
+        tr = [RequestTrace(id=t.id, workload=t.workload, category=t.category, prompt_len=t.prompt_len * mult,
+                           output_len=t.output_len, methods=t.methods) for t in base]  # fmt: skip
+        runs[mult] = simulate(tr, cm, ["fixed:ngram:3"], "continuous", [4])[0]
+        ref = simulate(tr, cm, ["fixed:ngram:3"], "continuous", [4], engine="reference")[0]
+        assert runs[mult].time_split_s["propose"] == pytest.approx(ref.time_split_s["propose"], rel=1e-9)
+    assert runs[4].time_split_s["verify"] > 1.5 * runs[1].time_split_s["verify"]
+    assert runs[4].time_split_s["propose"] == pytest.approx(runs[1].time_split_s["propose"], rel=1e-9)

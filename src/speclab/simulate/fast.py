@@ -450,6 +450,16 @@ def step_costs(
     nreq = c * (np.bincount(keys, minlength=G) + np.bincount(sch.start, minlength=G))
     spec = np.bincount(keys, weights=spec_sum, minlength=G)
     verify = cm.target_time(kv, vt, nreq + spec)
+    # the same forward without the step's prefills (continuous batching mixes them in): what a lookup's
+    # fraction is charged on (it runs over the running requests' context, not over prompts being
+    # prefilled), and the steady state's prefill charges
+    npre = np.bincount(sch.start, minlength=G)
+    pre_tok = np.bincount(sch.start, weights=c * ta.prompt_len, minlength=G)
+    nrun = nreq - c * npre
+    verify_dec = np.where(
+        nrun > 0, np.asarray(cm.target_time(kv, vt - pre_tok, nrun + spec)) * np.ones(G), 0.0
+    )
+    lookup_base = np.where(npre > 0, verify_dec, verify)
     draft = np.zeros(G)
     if study and policy.methods:
         draft = np.bincount(keys, weights=study_draft(st, policy, ta, cm, c, mc, verify[keys]), minlength=G)
@@ -461,10 +471,10 @@ def step_costs(
             ks, sm = keys[sel], spec_max[sel]
             if cost.form == "verify_fraction":
                 if name in policy.probes:  # the lookup runs at every step, for every request it probes
-                    draft += cost.fraction * verify * probe_share(st, keys, G)
+                    draft += cost.fraction * lookup_base * probe_share(st, keys, G)
                     continue
                 anyd = np.bincount(ks[sm > 0], minlength=G) > 0
-                draft += np.where(anyd, cost.fraction * verify, 0.0)
+                draft += np.where(anyd, cost.fraction * lookup_base, 0.0)
                 continue
             mx = np.zeros(G, dtype=np.int64)
             np.maximum.at(mx, ks, sm)
@@ -509,7 +519,7 @@ def step_costs(
         busy_s = float(step_t[full].sum())
         # each request's prefill is charged over its output tokens (prefill_charges): the window cuts through
         # the requests in progress at its end, whose prefills it holds but not all their tokens
-        pcost, per_req = prefill_charges(cm, sch.start, ta.prompt_len, kv, vt, nreq, spec, verify, G)
+        pcost, per_req = prefill_charges(cm, sch.start, ta.prompt_len, nreq, spec, verify, verify_dec, G)
         in_win = np.bincount(st.req, weights=st.produced * full[keys], minlength=ta.n) + full[sch.start]
         full_s = float((step_t - pcost)[full].sum() + (per_req * in_win / ta.out_len).sum())
     return Timing(
@@ -534,11 +544,10 @@ def prefill_charges(
     cm: CostModel,
     start: np.ndarray,
     prompt_len: np.ndarray,
-    kv: np.ndarray,
-    vt: np.ndarray,
     nreq: np.ndarray,
     spec: np.ndarray,
     verify: np.ndarray,
+    verify_dec: np.ndarray,
     G: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The steady state's prefill accounting (continuous batching). Per step, what its prefills add: the target
@@ -551,15 +560,14 @@ def prefill_charges(
     about B / 2 prefills too many for its tokens: a bias against every SD policy that shrinks only as
     1 / passes (real math replay, B = 16, CPU model: adaptive-gated 0.966x with 4 passes, 0.985x with
     40; docs/simulator.md). Charging each prefill over its request's tokens, the window's own tokens carry
-    exactly their share: 0.985x with 4 passes."""
+    exactly their share: 0.985x with 4 passes. verify_dec: each step's target forward without its prefills."""
     npre = np.bincount(start, minlength=G)
     pre_tok = np.bincount(start, weights=prompt_len, minlength=G)
     nrun = nreq - npre
     has = npre > 0
-    dec_v = np.where(nrun > 0, np.asarray(cm.target_time(kv, vt - pre_tok, nrun + spec)) * np.ones(G), 0.0)
     dec_o = np.where(nrun > 0, np.asarray(cm.overhead_time(nrun, spec)) * np.ones(G), 0.0)
     base_o = np.asarray(cm.overhead_time(nreq, spec)) * np.ones(G)
-    pcost = np.where(has, (verify - dec_v) + (base_o - dec_o), 0.0)
+    pcost = np.where(has, (verify - verify_dec) + (base_o - dec_o), 0.0)
     share = np.where(pre_tok[start] > 0, prompt_len / np.maximum(pre_tok[start], 1), 1.0 / npre[start])
     return pcost, pcost[start] * share
 

@@ -162,6 +162,12 @@ def reference_timing(
                 vtok += copies * prompt[r.i]
             nreq = copies * (len(running) + len(new))
             verify = cm.target_time(kv, vtok, nreq + spec_tok)
+            # the forward without this step's prefills: a lookup's charge and the steady state's prefill
+            # charges (fast.step_costs)
+            pre = copies * sum(prompt[r.i] for r in new)
+            nrun = copies * len(running)
+            verify_dec = float(cm.target_time(kv, vtok - pre, nrun + spec_tok)) if nrun else 0.0
+            lookup_base = verify_dec if new else verify
             draft = 0.0
             if study:
                 draft = sum(
@@ -193,9 +199,9 @@ def reference_timing(
                     )
                 elif cost.form == "verify_fraction" and name in policy.probes:
                     # a lookup's cost is per request: the share of running requests it probed
-                    draft += cost.fraction * verify * float(probed.mean()) if running else 0.0
+                    draft += cost.fraction * lookup_base * float(probed.mean()) if running else 0.0
                 elif cost.form == "verify_fraction":
-                    draft += cost.fraction * verify if mx > 0 else 0.0
+                    draft += cost.fraction * lookup_base if mx > 0 else 0.0
                 elif cost.form == "linear":
                     # per request kv*kv_tokens + num_spec*spec + const; the step pays the max over requests
                     # (only the constant where the always-run forward is the step's only drafting)
@@ -218,14 +224,7 @@ def reference_timing(
             # the steady state charges each prefill over its request's tokens (fast.prefill_charges)
             pcost = 0.0
             if new:
-                pre = copies * sum(prompt[r.i] for r in new)
-                nrun = copies * len(running)
-                dec = (
-                    float(cm.target_time(kv, vtok - pre, nrun + spec_tok))
-                    + float(cm.overhead_time(nrun, spec_tok))
-                    if nrun
-                    else 0.0
-                )
+                dec = verify_dec + (float(cm.overhead_time(nrun, spec_tok)) if nrun else 0.0)
                 pcost = verify + float(cm.overhead_time(nreq, spec_tok)) - dec
                 for r in new:
                     r.pre_cost = pcost * (copies * prompt[r.i] / pre if pre > 0 else 1.0 / len(new))
