@@ -519,7 +519,11 @@ def step_costs(
         busy_s = float(step_t[full].sum())
         # each request's prefill is charged over its output tokens (prefill_charges): the window cuts through
         # the requests in progress at its end, whose prefills it holds but not all their tokens
-        pcost, per_req = prefill_charges(cm, sch.start, ta.prompt_len, nreq, spec, verify, verify_dec, G)
+        pcost = prefill_charges(cm, npre, nrun, nreq, spec, verify, verify_dec)
+        # each request's share of its prefill step's charge: by prompt tokens (evenly where they are 0)
+        own = pre_tok[sch.start]
+        share = np.where(own > 0, c * ta.prompt_len / np.maximum(own, 1), 1.0 / npre[sch.start])
+        per_req = pcost[sch.start] * share
         in_win = np.bincount(st.req, weights=st.produced * full[keys], minlength=ta.n) + full[sch.start]
         full_s = float((step_t - pcost)[full].sum() + (per_req * in_win / ta.out_len).sum())
     return Timing(
@@ -542,17 +546,16 @@ def step_costs(
 
 def prefill_charges(
     cm: CostModel,
-    start: np.ndarray,
-    prompt_len: np.ndarray,
+    npre: np.ndarray,
+    nrun: np.ndarray,
     nreq: np.ndarray,
     spec: np.ndarray,
     verify: np.ndarray,
     verify_dec: np.ndarray,
-    G: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The steady state's prefill accounting (continuous batching). Per step, what its prefills add: the target
-    forward and the per-request overhead with them less without them (a step of prefills only: all of
-    it; drafting charges stay with the step). Per request, its prefill step's share by prompt tokens.
+) -> np.ndarray:
+    """The steady state's prefill accounting (continuous batching): per step, what its prefills add, the
+    target forward and the per-request overhead with them less without them (a step of prefills only: all
+    of it; drafting charges stay with the step). npre / nrun: requests prefilled / running in each step.
 
     Why: the steady window ends at the first step with a free slot, cutting through the B requests then in
     progress; it holds their prefills but only part of their tokens, while it starts with B fresh requests
@@ -561,15 +564,10 @@ def prefill_charges(
     1 / passes (real math replay, B = 16, CPU model: adaptive-gated 0.966x with 4 passes, 0.985x with
     40; docs/simulator.md). Charging each prefill over its request's tokens, the window's own tokens carry
     exactly their share: 0.985x with 4 passes. verify_dec: each step's target forward without its prefills."""
-    npre = np.bincount(start, minlength=G)
-    pre_tok = np.bincount(start, weights=prompt_len, minlength=G)
-    nrun = nreq - npre
-    has = npre > 0
-    dec_o = np.where(nrun > 0, np.asarray(cm.overhead_time(nrun, spec)) * np.ones(G), 0.0)
-    base_o = np.asarray(cm.overhead_time(nreq, spec)) * np.ones(G)
-    pcost = np.where(has, (verify - verify_dec) + (base_o - dec_o), 0.0)
-    share = np.where(pre_tok[start] > 0, prompt_len / np.maximum(pre_tok[start], 1), 1.0 / npre[start])
-    return pcost, pcost[start] * share
+    ones = np.ones(len(npre))
+    dec_o = np.where(nrun > 0, np.asarray(cm.overhead_time(nrun, spec)) * ones, 0.0)
+    base_o = np.asarray(cm.overhead_time(nreq, spec)) * ones
+    return np.where(npre > 0, (verify - verify_dec) + (base_o - dec_o), 0.0)
 
 
 def forwards_charge(
