@@ -500,7 +500,8 @@ def step_costs(
                 draft += passes * (cost.kv * kv + cost.const) + cost.num_spec * np.bincount(
                     ks, weights=spec_sum[sel], minlength=G
                 )
-    overhead = np.asarray(cm.overhead_time(nreq, spec), dtype=np.float64) * np.ones(G)
+    base_overhead = np.asarray(cm.overhead_time(nreq, spec), dtype=np.float64) * np.ones(G)
+    overhead = base_overhead.copy()
     if switch_overhead and st.switched.any():
         overhead += switch_overhead * (np.bincount(keys[st.switched], minlength=G) > 0)
     step_t = verify + draft + overhead
@@ -514,12 +515,12 @@ def step_costs(
         np.add.at(d, sch.start, 1)
         np.add.at(d, end + 1, -1)
         full = np.cumsum(d)[:G] >= min(batch_size, ta.n)
-        tok = np.bincount(keys, weights=c * st.produced, minlength=G) + np.bincount(sch.start, minlength=G)
+        tok = np.bincount(keys, weights=c * st.produced, minlength=G) + npre
         full_tokens = int(round(tok[full].sum()))
         busy_s = float(step_t[full].sum())
         # each request's prefill is charged over its output tokens (prefill_charges): the window cuts through
         # the requests in progress at its end, whose prefills it holds but not all their tokens
-        pcost = prefill_charges(cm, npre, nrun, nreq, spec, verify, verify_dec)
+        pcost = prefill_charges(cm, npre, nrun, spec, verify, verify_dec, base_overhead)
         # each request's share of its prefill step's charge: by prompt tokens (evenly where they are 0)
         own = pre_tok[sch.start]
         share = np.where(own > 0, c * ta.prompt_len / np.maximum(own, 1), 1.0 / npre[sch.start])
@@ -548,14 +549,15 @@ def prefill_charges(
     cm: CostModel,
     npre: np.ndarray,
     nrun: np.ndarray,
-    nreq: np.ndarray,
     spec: np.ndarray,
     verify: np.ndarray,
     verify_dec: np.ndarray,
+    overhead: np.ndarray,
 ) -> np.ndarray:
     """The steady state's prefill accounting (continuous batching): per step, what its prefills add, the
     target forward and the per-request overhead with them less without them (a step of prefills only: all
-    of it; drafting charges stay with the step). npre / nrun: requests prefilled / running in each step.
+    of it; drafting charges stay with the step). npre / nrun: requests prefilled / running in each step;
+    overhead: each step's overhead with its prefills (no switching charge).
 
     Why: the steady window ends at the first step with a free slot, cutting through the B requests then in
     progress; it holds their prefills but only part of their tokens, while it starts with B fresh requests
@@ -564,10 +566,8 @@ def prefill_charges(
     1 / passes (real math replay, B = 16, CPU model: adaptive-gated 0.966x with 4 passes, 0.985x with
     40; docs/simulator.md). Charging each prefill over its request's tokens, the window's own tokens carry
     exactly their share: 0.985x with 4 passes. verify_dec: each step's target forward without its prefills."""
-    ones = np.ones(len(npre))
-    dec_o = np.where(nrun > 0, np.asarray(cm.overhead_time(nrun, spec)) * ones, 0.0)
-    base_o = np.asarray(cm.overhead_time(nreq, spec)) * ones
-    return np.where(npre > 0, (verify - verify_dec) + (base_o - dec_o), 0.0)
+    dec_o = np.where(nrun > 0, np.asarray(cm.overhead_time(nrun, spec)) * np.ones(len(npre)), 0.0)
+    return np.where(npre > 0, (verify - verify_dec) + (overhead - dec_o), 0.0)
 
 
 def forwards_charge(
