@@ -193,7 +193,50 @@ def format_run(run_dir: str | Path) -> str:
     spread = startup_note(rd)
     if spread:
         parts += ["", f"engine start-ups: {spread}"]
+    parts += [f"\nnote: {n}" for n in cost_model_notes(rd)]
     return "\n".join(parts)
+
+
+def cost_model_notes(run_dir: Path) -> list[str]:
+    """For each cost model that prices an adaptive entry of the run (proposer_options.cost_model, or the
+    proposer's default), a note where it does not fit the run's own engines: a verified draft token's share
+    of the step differs by more than PRICE_MISMATCH between the model and the run's decode/verify forwards
+    (speclab.costmodel.check; docs/adaptive.md, "Stop 19"). Such a policy drafts too little or too much on
+    this machine. Empty where nothing is priced or the timings cannot say."""
+    import json
+
+    try:
+        from speclab.costmodel import get_cost_model
+        from speclab.costmodel.check import PRICE_MISMATCH, check_cost_model, mismatches
+        from speclab.costmodel.check import worst as worst_band
+        from speclab.methods.adaptive_live import DEFAULT_COST_MODEL
+
+        sweep = json.loads((run_dir / "sweep.json").read_text())
+        names: dict[str, list[str]] = {}
+        for m in sweep.get("methods", []):
+            opts = (m.get("options") or {}).get("proposer_options")
+            if opts is None:
+                continue
+            names.setdefault(str(opts.get("cost_model", DEFAULT_COST_MODEL)), []).append(
+                str(m.get("label") or m.get("name"))
+            )
+        notes = []
+        for name, labels in names.items():
+            bad = mismatches(check_cost_model([run_dir], get_cost_model(name)))
+            if not bad:
+                continue
+            worst = worst_band(bad)
+            lo, hi = worst.requests
+            notes.append(
+                f"cost model {name} (pricing {', '.join(labels)}) does not fit this run's engines: a verified "
+                f"draft token costs {worst.token_share:.1%} of a step at {lo}-{hi} running requests here, "
+                f"{worst.model_token_share:.1%} by the model ({len(bad)} band(s) beyond {PRICE_MISMATCH:.2f}x); "
+                f"fit this machine's own (speclab cost-models fit {run_dir} --target-form table --overhead-form "
+                "linear --out FILE; speclab cost-models check) and pass it as the proposer's cost_model"
+            )
+        return notes
+    except Exception:  # noqa: BLE001 - missing or foreign sweep/timings files: say nothing rather than fail
+        return []
 
 
 def startup_note(run_dir: Path) -> str | None:

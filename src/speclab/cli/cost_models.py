@@ -1,4 +1,4 @@
-"""`speclab cost-models list|show|fit`."""
+"""`speclab cost-models list|show|fit|check`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import click
 
 @click.group(name="cost-models")
 def command() -> None:
-    """List, show and fit cost models."""
+    """List, show, fit and check cost models."""
 
 
 @command.command(name="list")
@@ -112,3 +112,51 @@ def fit_cmd(
     for n in rep.notes:
         click.echo(f"note: {n}", err=True)
     click.echo(f"wrote {out}: " + ", ".join(f"{k} R^2 {v:.4f}" for k, v in sorted(rep.r2.items())))
+
+
+@command.command(name="check")
+@click.argument("timings", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--cost-model", "cost_model", required=True, help="Preset name or .toml path.")
+@click.option(
+    "--engine-offsets/--no-engine-offsets",
+    default=True,
+    show_default=True,
+    help="Divide each engine's start-up speed factor out first (several engine files), as fit does.",
+)
+def check_cmd(timings: tuple[str, ...], cost_model: str, engine_offsets: bool) -> None:
+    """Measured decode/verify forwards in TIMINGS (timings CSVs or bench run directories) against a cost
+    model, per band of running requests: measured / predicted time, and the price of one more verified
+    draft token as a share of the step, measured and modelled. That share is what an adaptive policy's
+    drafts turn on; where it differs by more than 25% the model does not fit this engine (exit 0, a note)."""
+    from speclab.costmodel import get_cost_model
+    from speclab.costmodel.check import PRICE_MISMATCH, check_cost_model, mismatches
+    from speclab.costmodel.check import worst as worst_band
+
+    cm = get_cost_model(cost_model)
+    bands = check_cost_model(list(timings), cm, engine_offsets=engine_offsets)
+    if not bands:
+        raise click.ClickException("no band of running requests has enough decode/verify forwards to check")
+
+    def share(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    click.echo(f"cost model {cm.name} against {len(timings)} timings source(s); decode/verify forwards only")
+    click.echo(f"{'requests':>10} {'rows':>6} {'measured':>10} {'model':>10} {'ratio':>6} {'token/step':>11} "
+               f"{'model':>7}")  # fmt: skip
+    for b in bands:
+        lo, hi = b.requests
+        req = str(lo) if lo == hi else (f"{lo}-{hi}" if hi < 1 << 20 else f">={lo}")
+        click.echo(
+            f"{req:>10} {b.rows:>6} {b.measured_s * 1e3:>8.1f}ms {b.predicted_s * 1e3:>8.1f}ms {b.ratio:>6.2f} "
+            f"{share(b.token_share):>11} {share(b.model_token_share):>7}"
+        )
+    bad = mismatches(bands)
+    if bad:
+        worst = worst_band(bad)
+        click.echo(
+            f"note: in {len(bad)} band(s) a verified draft token costs a different share of the step than "
+            f"{cm.name} says (worst: {share(worst.token_share)} measured, {share(worst.model_token_share)} "
+            f"modelled, beyond {PRICE_MISMATCH:.2f}x either way): an adaptive policy priced by it drafts "
+            "too little or too much here. Fit this engine's own: speclab cost-models fit RUN --target-form "
+            "table --overhead-form linear --out FILE (docs/adaptive.md)"
+        )

@@ -1,0 +1,110 @@
+"""Does a cost model fit the engine at hand? Measured decode/verify forwards against the model's prediction.
+
+An adaptive policy drafts a token where its expected acceptance beats the token's price relative to the step
+(goodput.batch_choice), so what decides its drafts is the model's *relative* price of a verified draft token,
+not its absolute speed: a model fitted on a machine whose forwards are 2.5x faster overall decides the same
+if its shape is right, and wrongly if one machine's step is mostly a fixed cost and the other's is mostly
+per-token work (docs/adaptive.md, "Stop 19"). `check_cost_model` reports both per band of running requests:
+the median measured / predicted time, and the price of one more verified token as a share of the band's
+one-token-per-request step, measured (least squares over the band's verify forwards) and as the model has it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from speclab.costmodel.fit import files_engine_factors, read_timing_groups
+from speclab.costmodel.model import CostModel
+from speclab.errors import ConfigError
+
+# bands of running requests per forward: (lowest, highest)
+REQUEST_BANDS: tuple[tuple[int, int], ...] = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 64), (65, 1 << 30))
+MIN_ROWS = 20  # decode/verify forwards a band needs before it is reported (as the table fit asks per count)
+PRICE_MISMATCH = 1.25  # measured / modelled relative token price beyond which (either way) check() warns
+
+
+@dataclass(frozen=True)
+class BandCheck:
+    requests: tuple[int, int]
+    rows: int
+    measured_s: float  # median measured target forward
+    predicted_s: float  # median of the model's prediction for the same forwards
+    ratio: float  # median of measured / predicted per forward
+    token_share: float | None  # measured: one more verified token's time over the one-token-per-request step
+    model_token_share: float | None  # the same read off the model's predictions
+
+    @property
+    def price_ratio(self) -> float | None:
+        if self.token_share is None or not self.model_token_share:
+            return None
+        return self.token_share / self.model_token_share
+
+
+def _token_share(tokens: np.ndarray, requests: np.ndarray, sec: np.ndarray) -> float | None:
+    """Slope over intercept of sec ~ a + b * (tokens - requests) (+ c * requests): the time of one verified
+    draft token as a share of the step without drafts. None where the band has no drafted forwards."""
+    drafts = tokens - requests
+    if (drafts > 0).sum() < 3 or np.ptp(drafts) == 0:
+        return None
+    cols = [np.ones_like(sec), drafts]
+    if np.ptp(requests) > 0:
+        cols.append(requests - requests.mean())
+    coef, *_ = np.linalg.lstsq(np.column_stack(cols), sec, rcond=None)
+    a, b = float(coef[0]), float(coef[1])
+    # a is the fitted step at 0 drafts and the band's mean requests
+    return b / a if a > 0 else None
+
+
+def check_cost_model(
+    timings: Sequence[str | os.PathLike[str]], cm: CostModel, engine_offsets: bool = True
+) -> list[BandCheck]:
+    """Per band of running requests, the decode/verify target forwards in `timings` (CSVs or bench run
+    directories) against `cm`'s target time. With several engine files and engine_offsets, each engine's
+    start-up factor is divided out first (as the fit does)."""
+    data, groups, files = read_timing_groups(list(timings))
+    if "target" not in data:
+        raise ConfigError(f"{', '.join(map(str, timings))}: no rows of kind 'target'")
+    t = data["target"].copy()
+    if engine_offsets and len(files) > 1:
+        fac = files_engine_factors(data, groups, len(files))
+        if fac is not None:
+            t[:, 4] = t[:, 4] / fac[groups["target"]]
+    kv, bt, ns, nr, sec = (t[:, i] for i in range(5))
+    dec = (bt == nr + ns) & (nr >= 1)
+    kv, bt, nr, sec = kv[dec], bt[dec], nr[dec], sec[dec]
+    pred = np.asarray(cm.target_time(kv, bt), dtype=np.float64)
+    out = []
+    for lo, hi in REQUEST_BANDS:
+        sel = (nr >= lo) & (nr <= hi)
+        if sel.sum() < MIN_ROWS:
+            continue
+        out.append(
+            BandCheck(
+                requests=(lo, hi),
+                rows=int(sel.sum()),
+                measured_s=float(np.median(sec[sel])),
+                predicted_s=float(np.median(pred[sel])),
+                ratio=float(np.median(sec[sel] / pred[sel])),
+                token_share=_token_share(bt[sel], nr[sel], sec[sel]),
+                model_token_share=_token_share(bt[sel], nr[sel], pred[sel]),
+            )
+        )
+    return out
+
+
+def mismatches(bands: Sequence[BandCheck], limit: float = PRICE_MISMATCH) -> list[BandCheck]:
+    """Bands whose measured relative token price differs from the model's by more than `limit` either way
+    (or has the other sign: a table whose wider forwards are cheaper says a draft costs less than nothing)."""
+    return [b for b in bands if b.price_ratio is not None and not 1 / limit <= b.price_ratio <= limit]
+
+
+def worst(bands: Sequence[BandCheck]) -> BandCheck:
+    """The band whose price ratio is furthest from 1 (one of the opposite sign first)."""
+    return max(
+        bands, key=lambda b: math.inf if (b.price_ratio or 1.0) <= 0 else abs(math.log(b.price_ratio or 1.0))
+    )
