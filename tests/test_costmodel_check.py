@@ -109,3 +109,24 @@ def test_bench_show_notes_an_adaptive_entrys_mismatched_cost_model(tmp_path: Pat
     assert cost_model_notes(run) == []
     (run / "sweep.json").write_text("{not json")
     assert cost_model_notes(run) == []
+
+
+def test_first_draft_jump_of_a_table_is_flagged(tmp_path: Path) -> None:
+    """A table keyed on batched tokens whose 17-token entry came from other request counts prices the first
+    draft of a 16-request step at +15%; its least-squares share over the band's wide verifies still matches the
+    engine, so only the first-draft price says it."""
+    from speclab.costmodel.forms import TableTargetCost
+
+    csv = tmp_path / "t.csv"
+    append_timings(csv, engine_rows(0.05, 0.002, seed=4))
+    lin = {n: 0.05 + 0.002 * n for n in (16, 32, 48, 64, 80, 96, 112)}
+    table = sorted({**lin, 17: lin[16] * 1.15}.items())
+    target = TableTargetCost(
+        kv=0.0, batched=0.002, const=0.05, knee=1.0, batched_hi=0.002, table=tuple(table)
+    )
+    cm = CostModel(name="jumpy", target=target, overhead_per_step=0.0)
+    b16 = next(b for b in check_cost_model([csv], cm) if b.requests == (9, 16))
+    assert b16.model_token_share == pytest.approx(b16.token_share, rel=0.1)
+    assert b16.model_first_share == pytest.approx(0.15, rel=0.01)
+    assert b16 in mismatches([b16])
+    assert mismatches(check_cost_model([csv], model(0.05, 0.002))) == []

@@ -229,8 +229,9 @@ def cost_model_notes(run_dir: Path) -> list[str]:
             lo, hi = worst.requests
             notes.append(
                 f"cost model {name} (pricing {', '.join(labels)}) does not fit this run's engines: a verified "
-                f"draft token costs {worst.token_share:.1%} of a step at {lo}-{hi} running requests here, "
-                f"{worst.model_token_share:.1%} by the model ({len(bad)} band(s) beyond {PRICE_MISMATCH:.2f}x); "
+                f"draft token costs {worst.token_share or 0.0:.1%} of a step at {lo}-{hi} running requests here, "
+                f"{worst.model_token_share or 0.0:.1%} by the model ({worst.model_first_share or 0.0:.1%} for the step's "
+                f"first draft; {len(bad)} band(s) beyond {PRICE_MISMATCH:.2f}x); "
                 f"fit this machine's own (speclab cost-models fit {run_dir} --target-form table --overhead-form "
                 "linear --out FILE; speclab cost-models check) and pass it as the proposer's cost_model"
             )

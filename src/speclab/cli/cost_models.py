@@ -142,13 +142,13 @@ def check_cmd(timings: tuple[str, ...], cost_model: str, engine_offsets: bool) -
 
     click.echo(f"cost model {cm.name} against {len(timings)} timings source(s); decode/verify forwards only")
     click.echo(f"{'requests':>10} {'rows':>6} {'measured':>10} {'model':>10} {'ratio':>6} {'token/step':>11} "
-               f"{'model':>7}")  # fmt: skip
+               f"{'model':>7} {'model 1st':>9}")  # fmt: skip
     for b in bands:
         lo, hi = b.requests
         req = str(lo) if lo == hi else (f"{lo}-{hi}" if hi < 1 << 20 else f">={lo}")
         click.echo(
             f"{req:>10} {b.rows:>6} {b.measured_s * 1e3:>8.1f}ms {b.predicted_s * 1e3:>8.1f}ms {b.ratio:>6.2f} "
-            f"{share(b.token_share):>11} {share(b.model_token_share):>7}"
+            f"{share(b.token_share):>11} {share(b.model_token_share):>7} {share(b.model_first_share):>9}"
         )
     bad = mismatches(bands)
     if bad:
@@ -156,7 +156,8 @@ def check_cmd(timings: tuple[str, ...], cost_model: str, engine_offsets: bool) -
         click.echo(
             f"note: in {len(bad)} band(s) a verified draft token costs a different share of the step than "
             f"{cm.name} says (worst: {share(worst.token_share)} measured, {share(worst.model_token_share)} "
-            f"modelled, beyond {PRICE_MISMATCH:.2f}x either way): an adaptive policy priced by it drafts "
+            f"modelled, {share(worst.model_first_share)} for the first draft; beyond {PRICE_MISMATCH:.2f}x either way): an adaptive policy priced by it drafts "
             "too little or too much here. Fit this engine's own: speclab cost-models fit RUN --target-form "
-            "table --overhead-form linear --out FILE (docs/adaptive.md)"
+            "table --overhead-form linear --out FILE; where a fitted table still jumps at the first draft, "
+            'its entries come from other request counts (docs/adaptive.md, "Stop 19")'
         )

@@ -37,12 +37,31 @@ class BandCheck:
     ratio: float  # median of measured / predicted per forward
     token_share: float | None  # measured: one more verified token's time over the one-token-per-request step
     model_token_share: float | None  # the same read off the model's predictions
+    # the model's price of the step's first draft token at the band's commonest request count (its median
+    # KV): a table keyed on batched tokens alone can jump there (entries from other request counts), which
+    # the least squares over the band smooths away
+    model_first_share: float | None = None
 
     @property
     def price_ratio(self) -> float | None:
         if self.token_share is None or not self.model_token_share:
             return None
         return self.token_share / self.model_token_share
+
+    @property
+    def first_ratio(self) -> float | None:
+        if self.token_share is None or not self.model_first_share:
+            return None
+        return self.token_share / self.model_first_share
+
+    def deviation(self) -> float:
+        """How far the model's prices are from the measured one: the largest |log ratio| (inf where a
+        ratio is <= 0: the model says a draft costs nothing or less)."""
+        out = 0.0
+        for r in (self.price_ratio, self.first_ratio):
+            if r is not None:
+                out = max(out, math.inf if r <= 0 else abs(math.log(r)))
+        return out
 
 
 def _token_share(tokens: np.ndarray, requests: np.ndarray, sec: np.ndarray) -> float | None:
@@ -92,19 +111,27 @@ def check_cost_model(
                 ratio=float(np.median(sec[sel] / pred[sel])),
                 token_share=_token_share(bt[sel], nr[sel], sec[sel]),
                 model_token_share=_token_share(bt[sel], nr[sel], pred[sel]),
+                model_first_share=_first_share(cm, kv[sel], nr[sel]),
             )
         )
     return out
 
 
+def _first_share(cm: CostModel, kv: np.ndarray, requests: np.ndarray) -> float | None:
+    counts = np.bincount(requests.astype(np.int64))
+    n = int(np.argmax(counts))
+    k = float(np.median(kv[requests == n]))
+    base = float(cm.target_time(k, n))
+    return (float(cm.target_time(k, n + 1)) - base) / base if base > 0 else None
+
+
 def mismatches(bands: Sequence[BandCheck], limit: float = PRICE_MISMATCH) -> list[BandCheck]:
     """Bands whose measured relative token price differs from the model's by more than `limit` either way
-    (or has the other sign: a table whose wider forwards are cheaper says a draft costs less than nothing)."""
-    return [b for b in bands if b.price_ratio is not None and not 1 / limit <= b.price_ratio <= limit]
+    (the band's least-squares share, or the first draft token's at its commonest request count), or has the other
+    sign (a table whose wider forwards are cheaper says a draft costs less than nothing)."""
+    return [b for b in bands if b.deviation() > math.log(limit)]
 
 
 def worst(bands: Sequence[BandCheck]) -> BandCheck:
-    """The band whose price ratio is furthest from 1 (one of the opposite sign first)."""
-    return max(
-        bands, key=lambda b: math.inf if (b.price_ratio or 1.0) <= 0 else abs(math.log(b.price_ratio or 1.0))
-    )
+    """The band whose prices are furthest from the measured one (one of the opposite sign first)."""
+    return max(bands, key=lambda b: b.deviation())
