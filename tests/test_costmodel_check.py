@@ -130,3 +130,17 @@ def test_first_draft_jump_of_a_table_is_flagged(tmp_path: Path) -> None:
     assert b16.model_first_share == pytest.approx(0.15, rel=0.01)
     assert b16 in mismatches([b16])
     assert mismatches(check_cost_model([csv], model(0.05, 0.002))) == []
+
+
+def test_a_band_whose_measured_price_is_noise_is_not_judged() -> None:
+    """A measured share <= 0 (too few or too narrow verifies) says nothing; a model share <= 0 against a
+    positive measured one is flagged (the model says a draft costs nothing or less)."""
+    from speclab.costmodel.check import BandCheck
+
+    def band(measured: float, modelled: float) -> BandCheck:
+        return BandCheck((5, 8), 21, 0.1, 0.1, 1.0, measured, modelled, modelled)
+
+    assert mismatches([band(-0.05, 0.04)]) == []
+    assert band(-0.05, 0.04).deviation() == 0.0
+    flagged = band(0.05, -0.02)
+    assert mismatches([flagged]) == [flagged]

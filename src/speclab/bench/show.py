@@ -207,8 +207,7 @@ def cost_model_notes(run_dir: Path) -> list[str]:
 
     try:
         from speclab.costmodel import get_cost_model
-        from speclab.costmodel.check import PRICE_MISMATCH, check_cost_model, mismatches
-        from speclab.costmodel.check import worst as worst_band
+        from speclab.costmodel.check import check_cost_model, mismatch_note, mismatches
         from speclab.methods.adaptive_live import DEFAULT_COST_MODEL
 
         sweep = json.loads((run_dir / "sweep.json").read_text())
@@ -223,18 +222,8 @@ def cost_model_notes(run_dir: Path) -> list[str]:
         notes = []
         for name, labels in names.items():
             bad = mismatches(check_cost_model([run_dir], get_cost_model(name)))
-            if not bad:
-                continue
-            worst = worst_band(bad)
-            lo, hi = worst.requests
-            notes.append(
-                f"cost model {name} (pricing {', '.join(labels)}) does not fit this run's engines: a verified "
-                f"draft token costs {worst.token_share or 0.0:.1%} of a step at {lo}-{hi} running requests here, "
-                f"{worst.model_token_share or 0.0:.1%} by the model ({worst.model_first_share or 0.0:.1%} for the step's "
-                f"first draft; {len(bad)} band(s) beyond {PRICE_MISMATCH:.2f}x); "
-                f"fit this machine's own (speclab cost-models fit {run_dir} --target-form table --overhead-form "
-                "linear --out FILE; speclab cost-models check) and pass it as the proposer's cost_model"
-            )
+            if bad:
+                notes.append(f"(pricing {', '.join(labels)}) {mismatch_note(name, bad, str(run_dir))}")
         return notes
     except Exception:  # noqa: BLE001 - missing or foreign sweep/timings files: say nothing rather than fail
         return []

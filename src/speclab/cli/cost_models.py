@@ -129,8 +129,7 @@ def check_cmd(timings: tuple[str, ...], cost_model: str, engine_offsets: bool) -
     draft token as a share of the step, measured and modelled. That share is what an adaptive policy's
     drafts turn on; where it differs by more than 25% the model does not fit this engine (exit 0, a note)."""
     from speclab.costmodel import get_cost_model
-    from speclab.costmodel.check import PRICE_MISMATCH, check_cost_model, mismatches
-    from speclab.costmodel.check import worst as worst_band
+    from speclab.costmodel.check import check_cost_model, mismatch_note, mismatches
 
     cm = get_cost_model(cost_model)
     bands = check_cost_model(list(timings), cm, engine_offsets=engine_offsets)
@@ -152,12 +151,4 @@ def check_cmd(timings: tuple[str, ...], cost_model: str, engine_offsets: bool) -
         )
     bad = mismatches(bands)
     if bad:
-        worst = worst_band(bad)
-        click.echo(
-            f"note: in {len(bad)} band(s) a verified draft token costs a different share of the step than "
-            f"{cm.name} says (worst: {share(worst.token_share)} measured, {share(worst.model_token_share)} "
-            f"modelled, {share(worst.model_first_share)} for the first draft; beyond {PRICE_MISMATCH:.2f}x either way): an adaptive policy priced by it drafts "
-            "too little or too much here. Fit this engine's own: speclab cost-models fit RUN --target-form "
-            "table --overhead-form linear --out FILE; where a fitted table still jumps at the first draft, "
-            'its entries come from other request counts (docs/adaptive.md, "Stop 19")'
-        )
+        click.echo(f"note: {mismatch_note(cm.name, bad)}")

@@ -42,15 +42,17 @@ class BandCheck:
     # the least squares over the band smooths away
     model_first_share: float | None = None
 
+    # a measured share <= 0 is noise (a band with few or narrow verifies), not a price: no ratio then
+
     @property
     def price_ratio(self) -> float | None:
-        if self.token_share is None or not self.model_token_share:
+        if self.token_share is None or self.token_share <= 0 or not self.model_token_share:
             return None
         return self.token_share / self.model_token_share
 
     @property
     def first_ratio(self) -> float | None:
-        if self.token_share is None or not self.model_first_share:
+        if self.token_share is None or self.token_share <= 0 or not self.model_first_share:
             return None
         return self.token_share / self.model_first_share
 
@@ -118,6 +120,8 @@ def check_cost_model(
 
 
 def _first_share(cm: CostModel, kv: np.ndarray, requests: np.ndarray) -> float | None:
+    """The model's price of one draft token added to a step at the commonest request count of the rows
+    (their median KV), as a share of that step."""
     counts = np.bincount(requests.astype(np.int64))
     n = int(np.argmax(counts))
     k = float(np.median(kv[requests == n]))
@@ -135,3 +139,23 @@ def mismatches(bands: Sequence[BandCheck], limit: float = PRICE_MISMATCH) -> lis
 def worst(bands: Sequence[BandCheck]) -> BandCheck:
     """The band whose prices are furthest from the measured one (one of the opposite sign first)."""
     return max(bands, key=lambda b: b.deviation())
+
+
+def mismatch_note(name: str, bad: Sequence[BandCheck], fit_from: str = "RUN") -> str:
+    """One line for `cost-models check` and the bench's summary: how far the worst band of `bad` is off, and
+    what to do (fit the machine's own model from `fit_from`)."""
+
+    def share(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    w = worst(bad)
+    lo, hi = w.requests
+    return (
+        f"cost model {name} does not price draft tokens as this engine charges them in {len(bad)} band(s) of "
+        f"running requests (beyond {PRICE_MISMATCH:.2f}x either way); worst at {lo}-{hi} requests: "
+        f"{share(w.token_share)} of a step measured, {share(w.model_token_share)} by the model, "
+        f"{share(w.model_first_share)} for a step's first draft. An adaptive policy priced by it drafts too "
+        f"little or too much here: fit this machine's own (speclab cost-models fit {fit_from} --target-form "
+        "table --overhead-form linear --out FILE) and check it; where a fitted table still jumps at the first "
+        'draft, its entries come from other request counts (docs/adaptive.md, "Stop 19")'
+    )
