@@ -207,7 +207,7 @@ def cost_model_notes(run_dir: Path) -> list[str]:
 
     try:
         from speclab.costmodel import get_cost_model
-        from speclab.costmodel.check import check_cost_model, mismatch_note, mismatches
+        from speclab.costmodel.check import check_rows, decode_rows, mismatch_note, mismatches
         from speclab.methods.adaptive_live import DEFAULT_COST_MODEL
 
         sweep = json.loads((run_dir / "sweep.json").read_text())
@@ -220,8 +220,9 @@ def cost_model_notes(run_dir: Path) -> list[str]:
                 str(m.get("label") or m.get("name"))
             )
         notes = []
+        rows = decode_rows([run_dir]) if names else None  # read once for every model
         for name, labels in names.items():
-            bad = mismatches(check_cost_model([run_dir], get_cost_model(name)))
+            bad = mismatches(check_rows(rows, get_cost_model(name)))
             if bad:
                 notes.append(f"(pricing {', '.join(labels)}) {mismatch_note(name, bad, str(run_dir))}")
         return notes

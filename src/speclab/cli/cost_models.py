@@ -129,15 +129,12 @@ def check_cmd(timings: tuple[str, ...], cost_model: str, engine_offsets: bool) -
     draft token as a share of the step, measured and modelled. That share is what an adaptive policy's
     drafts turn on; where it differs by more than 25% the model does not fit this engine (exit 0, a note)."""
     from speclab.costmodel import get_cost_model
-    from speclab.costmodel.check import check_cost_model, mismatch_note, mismatches
+    from speclab.costmodel.check import check_cost_model, fmt_share, mismatch_note, mismatches
 
     cm = get_cost_model(cost_model)
     bands = check_cost_model(list(timings), cm, engine_offsets=engine_offsets)
     if not bands:
         raise click.ClickException("no band of running requests has enough decode/verify forwards to check")
-
-    def share(x: float | None) -> str:
-        return "-" if x is None else f"{x:.1%}"
 
     click.echo(f"cost model {cm.name} against {len(timings)} timings source(s); decode/verify forwards only")
     click.echo(f"{'requests':>10} {'rows':>6} {'measured':>10} {'model':>10} {'ratio':>6} {'token/step':>11} "
@@ -147,7 +144,7 @@ def check_cmd(timings: tuple[str, ...], cost_model: str, engine_offsets: bool) -
         req = str(lo) if lo == hi else (f"{lo}-{hi}" if hi < 1 << 20 else f">={lo}")
         click.echo(
             f"{req:>10} {b.rows:>6} {b.measured_s * 1e3:>8.1f}ms {b.predicted_s * 1e3:>8.1f}ms {b.ratio:>6.2f} "
-            f"{share(b.token_share):>11} {share(b.model_token_share):>7} {share(b.model_first_share):>9}"
+            f"{fmt_share(b.token_share):>11} {fmt_share(b.model_token_share):>7} {fmt_share(b.model_first_share):>9}"
         )
     bad = mismatches(bands)
     if bad:

@@ -81,12 +81,12 @@ def _token_share(tokens: np.ndarray, requests: np.ndarray, sec: np.ndarray) -> f
     return b / a if a > 0 else None
 
 
-def check_cost_model(
-    timings: Sequence[str | os.PathLike[str]], cm: CostModel, engine_offsets: bool = True
-) -> list[BandCheck]:
-    """Per band of running requests, the decode/verify target forwards in `timings` (CSVs or bench run
-    directories) against `cm`'s target time. With several engine files and engine_offsets, each engine's
-    start-up factor is divided out first (as the fit does)."""
+def decode_rows(
+    timings: Sequence[str | os.PathLike[str]], engine_offsets: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The decode/verify target forwards in `timings` (CSVs or bench run directories) as (kv, batched tokens,
+    requests, seconds). With several engine files and engine_offsets, each engine's start-up factor is
+    divided out first (as the fit does). Read once, checked against any number of models (check_rows)."""
     data, groups, files = read_timing_groups(list(timings))
     if "target" not in data:
         raise ConfigError(f"{', '.join(map(str, timings))}: no rows of kind 'target'")
@@ -97,7 +97,20 @@ def check_cost_model(
             t[:, 4] = t[:, 4] / fac[groups["target"]]
     kv, bt, ns, nr, sec = (t[:, i] for i in range(5))
     dec = (bt == nr + ns) & (nr >= 1)
-    kv, bt, nr, sec = kv[dec], bt[dec], nr[dec], sec[dec]
+    return kv[dec], bt[dec], nr[dec], sec[dec]
+
+
+def check_cost_model(
+    timings: Sequence[str | os.PathLike[str]], cm: CostModel, engine_offsets: bool = True
+) -> list[BandCheck]:
+    """Per band of running requests, the decode/verify target forwards in `timings` against `cm`'s target
+    time (decode_rows, then check_rows)."""
+    return check_rows(decode_rows(timings, engine_offsets), cm)
+
+
+def check_rows(rows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], cm: CostModel) -> list[BandCheck]:
+    """check_cost_model on rows already read by decode_rows."""
+    kv, bt, nr, sec = rows
     pred = np.asarray(cm.target_time(kv, bt), dtype=np.float64)
     out = []
     for lo, hi in REQUEST_BANDS:
@@ -145,17 +158,19 @@ def mismatch_note(name: str, bad: Sequence[BandCheck], fit_from: str = "RUN") ->
     """One line for `cost-models check` and the bench's summary: how far the worst band of `bad` is off, and
     what to do (fit the machine's own model from `fit_from`)."""
 
-    def share(x: float | None) -> str:
-        return "-" if x is None else f"{x:.1%}"
-
     w = worst(bad)
     lo, hi = w.requests
     return (
         f"cost model {name} does not price draft tokens as this engine charges them in {len(bad)} band(s) of "
         f"running requests (beyond {PRICE_MISMATCH:.2f}x either way); worst at {lo}-{hi} requests: "
-        f"{share(w.token_share)} of a step measured, {share(w.model_token_share)} by the model, "
-        f"{share(w.model_first_share)} for a step's first draft. An adaptive policy priced by it drafts too "
+        f"{fmt_share(w.token_share)} of a step measured, {fmt_share(w.model_token_share)} by the model, "
+        f"{fmt_share(w.model_first_share)} for a step's first draft. An adaptive policy priced by it drafts too "
         f"little or too much here: fit this machine's own (speclab cost-models fit {fit_from} --target-form "
         "table --overhead-form linear --out FILE) and check it; where a fitted table still jumps at the first "
         'draft, its entries come from other request counts (docs/adaptive.md, "Stop 19")'
     )
+
+
+def fmt_share(x: float | None) -> str:
+    """A price share as printed by the check ("-" where not known)."""
+    return "-" if x is None else f"{x:.1%}"
