@@ -483,6 +483,10 @@ def _run_one(engine: Engine, cell: CellSpec, job: Job, out: str) -> None:
         hybrid.counts = dict.fromkeys(hybrid.counts, 0)
         hybrid.passes = {}
         hybrid.plain_steps = 0
+    fit = getattr(getattr(getattr(engine.runner, "drafter", None), "driver", None), "fit", None)
+    if fit is not None:  # the adaptive proposer's prices refitted online (price_fit), as of this cell's end
+        print(f"speclab worker: online prices {fit.prices().describe()}, prior {fit.prior_prices.describe()}, "
+              f"{fit.rejected} intervals not fitted", file=sys.stderr, flush=True)  # fmt: skip
     print(
         f"speclab worker: cell {cell.cell_id}: {res.status}"
         + (

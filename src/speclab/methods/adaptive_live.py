@@ -17,7 +17,11 @@ that view from observable signals only:
   are the hindsight (`StepView.hindsight` / `past_offers`);
 - the outcome of the previous step: accepted = len(sampled) - 1 after a non-empty draft (the scheduler's
   own formula), passed to `Policy.observe`;
-- the live batch: occupancy = rows in the call (prefilling rows included), batch KV = their tokens.
+- the live batch: occupancy = rows in the call (prefilling rows included), batch KV = their tokens;
+- with `price_fit`, the prices themselves: the wall time from one call to the next is one engine step
+  that verified the drafts returned at the first call, so the driver refits its cost model's step, request
+  and draft-token prices from those intervals as it runs (speclab.costmodel.online; steps that carried a
+  prefill are not fitted), and the policy prices with the refitted model from then on.
 
 A position the engine stepped over (inside a multi-token step) was never probed; it is given the draft of
 the last probed position shifted by the distance (the same source span, continued), which is what the
@@ -38,6 +42,7 @@ import numpy as np
 
 from speclab.costmodel import get_cost_model
 from speclab.costmodel.model import CostModel
+from speclab.costmodel.online import OnlinePriceFit
 from speclab.errors import ConfigError
 from speclab.methods.catalog import MODEL_BASED, NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.simulate.adaptive.base import RATE_WINDOW, AdaptiveBase
@@ -51,6 +56,7 @@ MODEL_KMAX_DEFAULT = 3
 ModelDrafts = Callable[[int], Sequence[Sequence[int]]]
 WINDOW = RATE_WINDOW  # positions of hindsight kept per request (what the rule reads)
 _CAPACITY = 256  # initial size of the policy's per-request arrays (slots are recycled)
+REFIT_EVERY = 8  # fitted step intervals between two updates of the policy's prices (price_fit)
 
 
 def vllm_ngram_kernel() -> Callable[..., np.ndarray] | None:
@@ -163,7 +169,9 @@ class AdaptiveDriver:
 
     `methods`: the model-free proposers to choose among (ngram, suffix); `kmax`: the most drafts per step
     (<= the engine's num_speculative_tokens); `cost_model`: name or path (prices the goodput);
-    `policy`: a registered adaptive policy family (`adaptive` or `adaptive-learned`)."""
+    `policy`: a registered adaptive policy family (`adaptive` or `adaptive-learned`); `price_fit`: refit
+    the cost model's prices online from the intervals between calls (model-free methods only; options of
+    speclab.costmodel.online.OnlinePriceFit as a dict, or True for its defaults)."""
 
     def __init__(
         self,
@@ -177,6 +185,8 @@ class AdaptiveDriver:
         ngram_impl: str = "auto",
         model_drafter: bool = False,
         kmax_model: int = MODEL_KMAX_DEFAULT,
+        price_fit: bool | dict[str, Any] = False,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         methods = tuple(methods)
         model = tuple(m for m in methods if m in MODEL_BASED)
@@ -218,6 +228,21 @@ class AdaptiveDriver:
         pol.cost_model = self.cm
         self.policy = pol
         self.methods = methods
+        self.clock = clock
+        self.fit: OnlinePriceFit | None = None
+        if price_fit:
+            if self.model_index is not None:
+                raise ConfigError(
+                    "adaptive proposer: price_fit is for the model-free proposer (its step intervals do not "
+                    "say what the engine's drafter cost)"
+                )
+            opts = dict(price_fit) if isinstance(price_fit, dict) else {}
+            try:
+                self.fit = OnlinePriceFit(self.cm, pol.probes, self.kmax, **opts)
+            except (TypeError, ConfigError) as exc:
+                raise ConfigError(f"adaptive proposer: price_fit: {exc}") from None
+        self._last_call: float | None = None  # the clock at the previous call (price_fit)
+        self._fitted_since = 0
         self._cap = _CAPACITY
         k_max = {m: (self.kmax_model if i == self.model_index else self.kmax) for i, m in enumerate(methods)}
         pol.begin(PolicyContext(num_requests=self._cap, batch_size=0, k_max=k_max))
@@ -342,9 +367,12 @@ class AdaptiveDriver:
             raise ConfigError(
                 "adaptive proposer: a model-based method needs the engine's draft_model callback"
             )
+        now = self.clock()
         rows = len(sampled_token_ids)
         out: list[list[int]] = [[] for _ in range(rows)]
         kv = float(np.sum(np.asarray(num_tokens[:rows], dtype=np.float64)))
+        prefill = False  # a row prefilled in the step that just ran (its interval is not a decode step)
+        verified = 0  # draft tokens the step that just ran verified (returned at the previous call)
         live: list[tuple[int, _Request, np.ndarray]] = []
         args: list[tuple[Sequence[int], int]] = []  # per live row: this step's tokens, context length
         new_reqs: dict[bytes, list[_Request]] = {}
@@ -353,15 +381,18 @@ class AdaptiveDriver:
             n = int(num_tokens[i])
             m = len(sampled)
             if not m:
+                prefill = True
                 continue  # partial prefill: no proposal (the row still counts in the batch)
             row = np.ascontiguousarray(token_ids[i, :n], dtype=np.int32)
             prev = self._reqs.get(ctx_key(row[: n - m]))
             if prev:
                 req = prev.pop(0)
                 req.steps += 1
+                verified += req.last_k
                 if req.last_k > 0:
                     obs.append((req.slot, req.last_method, req.last_k, min(m - 1, req.last_k)))
             else:
+                prefill = True
                 req = self._new_request(n - m)
                 self._probe_prompt(req, row, n - m)
             new_reqs.setdefault(ctx_key(row), []).append(req)
@@ -384,6 +415,10 @@ class AdaptiveDriver:
             self._suffix.stop_missing(
                 [r.suffix_id for rs in new_reqs.values() for r in rs if r.suffix_id is not None]
             )
+        if self.fit is not None:
+            if self._last_call is not None and not prefill and rows:
+                self._add_interval(rows, verified, kv, now - self._last_call)
+            self._last_call = now
         if obs:
             a = np.array(obs, dtype=np.int64)
             self.policy.observe(StepOutcome(req=a[:, 0], method=a[:, 1], k=a[:, 2], accepted=a[:, 3]))
@@ -433,6 +468,19 @@ class AdaptiveDriver:
             req.last_method, req.last_k = j, len(draft)
             out[i] = draft
         return out
+
+    def _add_interval(self, rows: int, verified: int, kv: float, seconds: float) -> None:
+        """One decode/verify step's wall time into the online fit; every REFIT_EVERY fitted steps (once the
+        fit has its minimum) the policy prices with the refitted model."""
+        assert self.fit is not None
+        if not self.fit.add(rows, verified, kv, seconds):
+            return
+        self._fitted_since += 1
+        if self.fit.samples >= self.fit.min_samples and self._fitted_since >= REFIT_EVERY:
+            self._fitted_since = 0
+            self.cm = self.fit.model()
+            self.policy.cm = self.cm
+            self.policy.cost_model = self.cm
 
     def _run_model(self, draft_model: ModelDrafts, passes: int) -> Sequence[Sequence[int]]:
         self.passes[passes] = self.passes.get(passes, 0) + 1

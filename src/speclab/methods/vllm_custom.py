@@ -17,7 +17,8 @@ trace and a live run cannot drift apart; `speclab trace crosscheck` checks it on
 `SpeclabAdaptiveProposer` chooses per step and per row among those two proposers and how many drafts (0..K),
 with the simulator's `adaptive` policy (speclab.methods.adaptive_live; docs/adaptive.md), options
 '{"methods": ["ngram", "suffix"], "kmax": 8, "cost_model": "smollm2-135m-cpu-live", "ngram": {...},
-"suffix": {...}}' (all optional).
+"suffix": {...}, "price_fit": true}' (all optional; price_fit: refit the cost model's prices online from the
+engine's step intervals, speclab.costmodel.online).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from speclab.methods.ngram import NgramProposer
 from speclab.methods.suffix import SuffixSpeculator, suffix_options
 
 OPTIONS_ENV = "SPECLAB_PROPOSER_OPTIONS"
-ADAPTIVE_KEYS = ("methods", "kmax", "cost_model", "policy", "ngram", "suffix")
+ADAPTIVE_KEYS = ("methods", "kmax", "cost_model", "policy", "ngram", "suffix", "price_fit")
 
 
 def _options(method: str) -> dict[str, Any]:
@@ -187,6 +188,7 @@ class SpeclabAdaptiveProposer(_Base):
             policy=str(o.get("policy", "adaptive")),
             ngram=o.get("ngram"),
             suffix=o.get("suffix"),
+            price_fit=o.get("price_fit", False),
         )
 
     def propose(
