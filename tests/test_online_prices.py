@@ -160,3 +160,20 @@ def test_bad_options() -> None:
         "no-probe", TargetCost(0.0, 1e-3, 1e-2), {"ngram": DraftCost("verify_fraction", fraction=0)}
     )
     assert OnlinePriceFit(cm, ("ngram",), 4).prices().seconds(1, 0) > 0
+
+
+def test_benchmark_sweeps_load() -> None:
+    """Every sweep file under benchmarks/sweeps parses and names methods the bench can run (adaptive-online
+    among them, with its price_fit entry)."""
+    from pathlib import Path
+
+    from speclab.bench.spec import load_sweep
+
+    files = sorted((Path(__file__).parent.parent / "benchmarks" / "sweeps").glob("*.toml"))
+    assert any(f.name == "adaptive-online.toml" for f in files)
+    for f in files:
+        sw = load_sweep(str(f))
+        assert sw.methods, f
+        if f.name == "adaptive-online.toml":
+            fit = [m for m in sw.methods if m.label == "adaptive-fit"]
+            assert fit and fit[0].options["proposer_options"]["price_fit"] is True
