@@ -11,9 +11,8 @@ verified the drafts it returned at the first call, for the requests running then
 to those intervals by recursive least squares with forgetting (a step long ago says less about the machine
 now), held towards the configured cost model's own coefficients (its step times fitted the same way), so
 that a coefficient the intervals cannot tell apart, such as b while the batch never changes size, stays
-where the model had it, and
-returns it as an ordinary `CostModel` (linear target, per-request and per-draft-token overheads) that the
-policy prices with unchanged. Steps that carried a prefill, and intervals far off the current fit (an idle
+where the model had it. The fit is handed back as an ordinary `CostModel` (linear target, per-request and
+per-draft-token overheads) that the policy prices with unchanged. Steps that carried a prefill, and intervals far off the current fit (an idle
 gap between two `generate` calls, a compile), are not fitted.
 
 The KV term is not fitted (it moves slowly and together with the batch); it is the configured model's.
@@ -30,8 +29,8 @@ import numpy as np
 from speclab.costmodel.model import CostModel, TargetCost
 from speclab.errors import ConfigError
 
-PRIOR_REQUESTS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes the prior's pseudo-steps sit at
-PRIOR_DRAFTS = (0, 1, 2, 4, 8)  # drafts per request at the pseudo-steps (capped at kmax)
+PRIOR_REQUESTS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes the prior's step times are read at
+PRIOR_DRAFTS = (0, 1, 2, 4, 8)  # drafts per request there (capped at kmax)
 RATIOS = 33  # recent intervals whose median ratio to the prediction judges the next one
 NOISE = 0.05  # an engine step's usual spread, as a share of it (scales the prior's weight)
 COEF_FLOOR = 1e-6  # seconds: the prior's coefficients are held at least this (none is free)
