@@ -65,6 +65,48 @@ def test_each_past_position_is_pooled_once(seed, with_offers):
     assert total[1] > 0 and total[3] > 0  # both kinds of position were seen
 
 
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("lag", [1, 4])
+def test_a_short_lag_pools_each_position_once_censored_where_it_is_folded(seed, lag):
+    """With a lag below the matches' lengths, a position is pooled when it first lies `lag` or more back, at
+    distance d: a match still running there is d tokens continued and no stop (censored by time), one that
+    ended is its length and a stop (capped at its offer; at `lag` without recorded offers)."""
+    rng = np.random.default_rng(seed)
+    n = 200
+    acc = np.where(rng.random(n) < 0.5, rng.integers(2, 14, n), 1)
+    offers = np.where(acc > 1, np.maximum(acc - 1, rng.integers(1, 12, n)), rng.integers(0, 3, n))
+    acc = np.minimum(acc, offers + 1)
+    for off in (offers, None):
+        folded = np.array([-1])
+        total = np.zeros(4)
+        calls = []
+        pos = 0
+        while pos < n - 1:
+            calls.append(pos)
+            v = view_at(acc, off, pos)
+            total += base.pool_counts(v.hindsight("ngram", base.RATE_WINDOW),
+                                      v.past_offers("ngram", base.RATE_WINDOW), v.pos, folded, v.req, lag)  # fmt: skip
+            pos += int(rng.integers(1, 8))
+        want = np.zeros(4)
+        for q in range(n):
+            at = next((c for c in calls if c - q >= lag), None)  # the call that folds q
+            if at is None:
+                continue
+            d = at - q
+            inrun = q >= 1 and min(int(acc[q - 1]) - 1, d + 1) >= 1
+            x = min(int(acc[q]) - 1, d)  # what is known of q's match at distance d
+            cap = lag if off is None or off[q] <= 0 else int(off[q])
+            if inrun:
+                got = min(x, cap)
+                want[2] += got
+                want[3] += got + (x < cap and x < d)
+            elif off is None or off[q] > 0:
+                want[0] += x >= 1
+                want[1] += 1
+        np.testing.assert_array_equal(total, want)
+        assert want[3] > want[2] > 0  # copies seen, some of them ended
+
+
 def test_without_evidence_the_estimate_is_the_rule_as_first_written():
     rng = np.random.default_rng(0)
     hind = np.minimum(rng.integers(-1, 6, (50, base.RATE_WINDOW)), np.arange(1, base.RATE_WINDOW + 1))

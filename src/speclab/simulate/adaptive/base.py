@@ -62,6 +62,7 @@ class AdaptiveBase(Policy):
 
     POOLS: ClassVar[bool] = False  # Policy.pools_requests of the family (adaptive-pooled, -gated: True)
     POOL_PRIORS: ClassVar[bool] = False  # lookup priors pooled over requests (pool_counts; adaptive-pooled)
+    POOL_LAG: ClassVar[int] = POOL_LAG  # ... a past position joins the pool this many positions back
     CALIBRATES: ClassVar[bool] = False  # lookup estimates scaled by their pooled record (adaptive-gated)
     GATED: ClassVar[bool] = False  # probes only the requests that may use them (adaptive-gated: True)
 
@@ -286,7 +287,7 @@ class AdaptiveBase(Policy):
             hind, offers = self.hindsight(view, m, RATE_WINDOW), self.past_offers(view, m, RATE_WINDOW)
             # pool only one engine's requests in time order (Policy.pools_requests)
             if self.POOL_PRIORS and self.pools_requests and view.one_batch:
-                self.pool[m] += pool_counts(hind, offers, view.pos, self.folded[m], view.req)
+                self.pool[m] += pool_counts(hind, offers, view.pos, self.folded[m], view.req, self.POOL_LAG)
             s = self.free_survival(hind, offers, km, self.pool[m])
         else:
             s = self.model_survival(view.req, j, km)
@@ -408,37 +409,46 @@ def match_rate(hind: np.ndarray, offers: np.ndarray | None, prior: float = 1.0 /
 
 
 def pool_counts(
-    hind: np.ndarray, offers: np.ndarray | None, pos: np.ndarray, folded: np.ndarray, req: np.ndarray
+    hind: np.ndarray,
+    offers: np.ndarray | None,
+    pos: np.ndarray,
+    folded: np.ndarray,
+    req: np.ndarray,
+    lag: int = POOL_LAG,
 ) -> np.ndarray:
-    """Counts of a lookup's past positions not yet pooled (those at least POOL_LAG back and after each
+    """Counts of a lookup's past positions not yet pooled (those at least `lag` back and after each
     request's `folded`, which is advanced in place): [first-draft hits, tries] outside a copy (offered
     positions, when offers are recorded) and [tokens continued, tokens at risk] inside one (a copy: the
-    lookup at q - 1 matched q). A position's match is censored at the tokens known since it, >= POOL_LAG, and
-    at its offer; hindsight reaches back RATE_WINDOW positions (older ones are not counted)."""
+    lookup at q - 1 matched q). A position's match is censored at the tokens known since it (its distance
+    d >= lag: a match still running at d is d tokens continued and no stop) and at its offer (where offers are
+    not recorded, at `lag`); hindsight reaches back RATE_WINDOW positions (older ones are not counted). The
+    per-token continuation these give is the geometric rate's estimate under that censoring, so a short lag
+    is not biased: it only pools each position with fewer of its tokens, sooner."""
     width = hind.shape[1]
-    if width <= POOL_LAG:
+    if width <= lag:
         return np.zeros(4)
-    d = np.arange(POOL_LAG, width)  # distance of q from now; column d - 1 holds q, column d holds q - 1
+    d = np.arange(lag, width)  # distance of q from now; column d - 1 holds q, column d holds q - 1
     x = hind[:, d - 1]
     prev = hind[:, d]
     q = pos[:, None] - d[None, :]
     new = (q > folded[req][:, None]) & (x >= 0)
-    folded[req] = np.maximum(folded[req], pos - POOL_LAG)
+    folded[req] = np.maximum(folded[req], pos - lag)
     inrun = new & (prev >= 1)
     out = new & (prev < 1)
     if offers is not None:
         off = offers[:, d - 1]
         out &= off > 0
-        cap = np.where(off > 0, off, POOL_LAG)
+        cap = np.where(off > 0, off, lag)
     else:
-        cap = np.full(x.shape, POOL_LAG)
+        cap = np.full(x.shape, lag)
     got = np.minimum(x, cap)
+    stopped = (x < cap) & (x < d[None, :])  # not censored by time: the copy ended after `got` tokens
     return np.array(
         [
             float((out & (x >= 1)).sum()),
             float(out.sum()),
             float(got[inrun].sum()),
-            float((got + (x < cap))[inrun].sum()),
+            float((got + stopped)[inrun].sum()),
         ]
     )
 

@@ -47,6 +47,10 @@ class AdaptivePooled(AdaptiveRule):
 
     POOLS = True
     POOL_PRIORS = True
+    # a position joins the pool 4 positions back (censored there, not counted as a stop): the pool fills
+    # while the first requests still run (stop 21: with 16 back, 32-token requests pooled little before
+    # half of a batch's output was decoded)
+    POOL_LAG = 4
 
 
 class AdaptiveGated(AdaptiveRule):
