@@ -173,11 +173,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _none_steps(rs: list[tuple[list[int], list[int]]], b: int) -> list[int]:
     """Rows per step without SD under continuous batching (one token per running request per step)."""
-    left = sorted(len(o) for _, o in rs)
     waiting = [len(o) for _, o in rs]
     running: list[int] = []
     steps = []
-    del left
     while waiting or running:
         while waiting and len(running) < b:
             running.append(waiting.pop(0) - 1)  # prefill made the first token
