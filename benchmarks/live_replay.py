@@ -7,7 +7,9 @@ timings.csv; a per-request-count linear fit where a cell was never measured) plu
         [--live-factor 2] [--live-add-ms 0.15] [--sd-step-ms 0.6]
 
 Variants: `ngram-kK` / `suffix-kK` (static, vLLM's rule at K), `adaptive` (the live driver as shipped), and
-`adaptive@OPT=VAL,...` with driver options as JSON values, e.g. `adaptive@methods=["ngram"]`. The proposer's
+`adaptive@OPT=VAL;OPT=VAL` with AdaptiveDriver options as JSON values, e.g.
+`adaptive@methods=["ngram"];policy="adaptive-pooled"`. Variants are separated by commas, or by `;;` where
+any of them has options (as in the README's example). The proposer's
 time is its driver call time measured here times --live-factor plus --live-add-ms (the same Python costs
 more inside the engine, which shares two cores with torch's threads: stop 20's run measured 0.86 / 1.26 /
 1.97 ms per call live at B = 1 / 4 / 16 where this measures ~0.4 / 0.6 / 1.3 ms; vLLM's n-gram, microseconds
