@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_adaptive_driver import load_requests  # noqa: E402
 
 from speclab.methods.adaptive_live import AdaptiveDriver, play_engine, vllm_ngram_kernel  # noqa: E402
+from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N  # noqa: E402
 
 
 class ForwardTable:
@@ -90,17 +91,19 @@ class Static:
         else:  # the suffix probe of the adaptive driver, always taken at K
             self.drv = AdaptiveDriver(kmax=k, max_model_len=4096, methods=("suffix",),
                                       suffix={"max_cached_requests": 0})  # fmt: skip
+            self.drv.policy.decide = lambda v: (  # type: ignore[method-assign]
+                np.zeros(len(v), np.int64),
+                np.full(len(v), k, np.int64),
+            )
 
     def step(self, sampled: Any, nt: np.ndarray, table: np.ndarray) -> list[list[int]]:
         if self.kind == "ngram":
             return [
-                self.kernel(np.ascontiguousarray(table[i, : nt[i]]), 3, 7, 4096, self.kmax).tolist()
+                self.kernel(
+                    np.ascontiguousarray(table[i, : nt[i]]), NGRAM_MIN_N, NGRAM_MAX_N, 4096, self.kmax
+                ).tolist()
                 for i in range(len(nt))
             ]
-        self.drv.policy.decide = lambda v: (  # type: ignore[method-assign]
-            np.zeros(len(v), np.int64),
-            np.full(len(v), self.kmax, np.int64),
-        )
         return self.drv.step(sampled, nt, table)
 
 
@@ -173,20 +176,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+class _Off:
+    """A proposer that never drafts: no SD."""
+
+    kmax = 1
+
+    def step(self, sampled: Any, *_: Any) -> list[list[int]]:
+        return [[] for _ in sampled]
+
+
 def _none_steps(rs: list[tuple[list[int], list[int]]], b: int) -> list[int]:
-    """Rows per step without SD under continuous batching (one token per running request per step)."""
-    waiting = [len(o) for _, o in rs]
-    running: list[int] = []
-    steps = []
-    while waiting or running:
-        while waiting and len(running) < b:
-            running.append(waiting.pop(0) - 1)  # prefill made the first token
-        running = [r for r in running if r > 0]
-        if not running:
-            continue
-        steps.append(len(running))
-        running = [r - 1 for r in running]
-    return steps
+    """Rows per step without SD under continuous batching (play_engine's, one token per request per step)."""
+    rec = Recorder(_Off())
+    play_engine(rec, rs, b)
+    return [n for n, _ in rec.steps]
 
 
 if __name__ == "__main__":
