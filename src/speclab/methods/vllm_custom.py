@@ -72,11 +72,13 @@ def adapter_options(engine_options: dict[str, Any]) -> dict[str, Any]:
 class _Base:
     method = ""
 
-    def __init__(self, vllm_config: Any) -> None:
+    def __init__(self, vllm_config: Any, options: dict[str, Any] | None = None, k: int | None = None) -> None:
+        """`options` / `k`: given by SpeclabSwitchProposer for one of its arms (default: the environment's
+        options, the engine's num_speculative_tokens)."""
         sc = vllm_config.speculative_config
-        self.k = int(sc.num_speculative_tokens)
+        self.k = int(sc.num_speculative_tokens) if k is None else int(k)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
-        self.options = _options(self.method)
+        self.options = _options(self.method) if options is None else dict(options)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         # No model: the CPU runner calls this unconditionally.
@@ -88,13 +90,27 @@ class SpeclabNgramProposer(_Base):
 
     method = "ngram"
 
-    def __init__(self, vllm_config: Any) -> None:
-        super().__init__(vllm_config)
-        self.proposer = NgramProposer(
-            min_n=int(self.options.get("min_n", NGRAM_MIN_N)),
-            max_n=int(self.options.get("max_n", NGRAM_MAX_N)),
-            max_model_len=self.max_model_len,
-        )
+    def __init__(self, vllm_config: Any, options: dict[str, Any] | None = None, k: int | None = None) -> None:
+        super().__init__(vllm_config, options, k)
+        bad = sorted(set(self.options) - {"min_n", "max_n", "impl"})
+        if bad:
+            raise ValueError(f"{OPTIONS_ENV}: unknown ngram option(s) {bad} (have min_n, max_n, impl)")
+        self.min_n = int(self.options.get("min_n", NGRAM_MIN_N))
+        self.max_n = int(self.options.get("max_n", NGRAM_MAX_N))
+        self.proposer = NgramProposer(min_n=self.min_n, max_n=self.max_n, max_model_len=self.max_model_len)
+        # impl "vllm": vLLM's own compiled lookup (the same rule, microseconds per row; what the built-in
+        # n-gram costs), e.g. as a static arm of SpeclabSwitchProposer; "speclab" (default): speclab's
+        # restatement, which is what `speclab trace crosscheck` checks against the built-in
+        impl = self.options.get("impl", "speclab")
+        if impl not in ("speclab", "vllm"):
+            raise ValueError(f"{OPTIONS_ENV}: ngram impl must be 'speclab' or 'vllm', got {impl!r}")
+        self.kernel = None
+        if impl == "vllm":
+            from speclab.methods.adaptive_live import vllm_ngram_kernel
+
+            self.kernel = vllm_ngram_kernel()
+            if self.kernel is None:
+                raise ValueError(f"{OPTIONS_ENV}: ngram impl 'vllm' needs an importable vLLM")
 
     def propose(
         self,
@@ -110,7 +126,11 @@ class SpeclabNgramProposer(_Base):
             if not len(sampled) or n >= self.max_model_len:
                 out.append([])  # partial prefill, or already at max_model_len (as the built-in)
                 continue
-            out.append(self.proposer.propose(token_ids_cpu[i, :n], self.k).tolist())
+            if self.kernel is not None:
+                ctx = np.ascontiguousarray(token_ids_cpu[i, :n], dtype=np.int32)
+                out.append(self.kernel(ctx, self.min_n, self.max_n, self.max_model_len, self.k).tolist())
+            else:
+                out.append(self.proposer.propose(token_ids_cpu[i, :n], self.k).tolist())
         return out
 
 
@@ -127,8 +147,8 @@ class SpeclabSuffixProposer(_Base):
 
     method = "suffix"
 
-    def __init__(self, vllm_config: Any) -> None:
-        super().__init__(vllm_config)
+    def __init__(self, vllm_config: Any, options: dict[str, Any] | None = None, k: int | None = None) -> None:
+        super().__init__(vllm_config, options, k)
         self.spec = SuffixSpeculator(**suffix_options(self.options, strict=True))
         # context hash after the last step -> request ids (a list: replicated copies share contexts)
         self.ids: dict[bytes, list[str]] = {}
@@ -169,8 +189,8 @@ class SpeclabAdaptiveProposer(_Base):
 
     method = "adaptive"
 
-    def __init__(self, vllm_config: Any) -> None:
-        super().__init__(vllm_config)
+    def __init__(self, vllm_config: Any, options: dict[str, Any] | None = None, k: int | None = None) -> None:
+        super().__init__(vllm_config, options, k)
         from speclab.methods.adaptive_live import DEFAULT_COST_MODEL, LIVE_METHODS, AdaptiveDriver
 
         o = self.options
@@ -200,3 +220,90 @@ class SpeclabAdaptiveProposer(_Base):
         **_: Any,
     ) -> list[list[int]]:
         return self.driver.step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+
+
+SWITCH_PROPOSERS: dict[str, type[_Base] | None] = {
+    "off": None,
+    "ngram": SpeclabNgramProposer,
+    "suffix": SpeclabSuffixProposer,
+    "adaptive": SpeclabAdaptiveProposer,
+}
+# the arm every SpeclabSwitchProposer of this process runs (set_arm); None: each one's first arm
+_ACTIVE_ARM: list[str | None] = [None]
+
+
+def set_arm(name: str | None) -> None:
+    """Make every SpeclabSwitchProposer in this process run arm `name` from its next step (None: its first
+    arm). For an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0), called between cells."""
+    _ACTIVE_ARM[0] = name
+
+
+def switch_arms(
+    options: dict[str, Any], engine_k: int | None = None
+) -> dict[str, tuple[str, int | None, dict]]:
+    """Validated arms of a SpeclabSwitchProposer: {"arms": {NAME: {"proposer": off|ngram|suffix|adaptive,
+    "k": K, "options": {...}}}} -> {NAME: (proposer, k or None, options)}; k <= engine_k where given."""
+    arms = options.get("arms")
+    unknown = sorted(set(options) - {"arms"})
+    if unknown:
+        raise ValueError(f"{OPTIONS_ENV}: unknown switch option(s) {unknown} (have ['arms'])")
+    if not isinstance(arms, dict) or not arms:
+        raise ValueError(f"{OPTIONS_ENV}: the switch proposer needs 'arms', a non-empty object of named arms")
+    out: dict[str, tuple[str, int | None, dict]] = {}
+    for name, arm in arms.items():
+        if not isinstance(arm, dict) or sorted(set(arm) - {"proposer", "k", "options"}):
+            raise ValueError(f"{OPTIONS_ENV}: arm {name!r}: expected an object with proposer, k, options")
+        kind = arm.get("proposer")
+        if kind not in SWITCH_PROPOSERS:
+            raise ValueError(
+                f"{OPTIONS_ENV}: arm {name!r}: proposer {kind!r} not one of {', '.join(SWITCH_PROPOSERS)}"
+            )
+        k = arm.get("k")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"{OPTIONS_ENV}: arm {name!r}: k must be an integer >= 1, got {k!r}")
+        if k is not None and engine_k is not None and k > engine_k:
+            raise ValueError(
+                f"{OPTIONS_ENV}: arm {name!r}: k={k} above the engine's num_speculative_tokens ({engine_k})"
+            )
+        opts = arm.get("options", {})
+        if not isinstance(opts, dict):
+            raise ValueError(f"{OPTIONS_ENV}: arm {name!r}: options must be an object")
+        out[str(name)] = (kind, k, dict(opts))
+    return out
+
+
+class SpeclabSwitchProposer(_Base):
+    """Several proposers in one engine, one of them active at a time (`set_arm`, between cells), so that
+    proposers are compared on the same engine start-up: on the 2-core CPU an engine's speed differs by 5-30%
+    between start-ups and keeps that offset for its life (docs/bench.md), which is larger than the
+    differences between proposers. Arms: "off" (no drafts: the engine's own step with SD on and nothing to
+    verify), and speclab's n-gram, suffix and adaptive adapters above with their own options and k (<= the
+    engine's num_speculative_tokens). benchmarks/same_engine.py drives it."""
+
+    method = "switch"
+
+    def __init__(self, vllm_config: Any, options: dict[str, Any] | None = None, k: int | None = None) -> None:
+        super().__init__(vllm_config, options, k)
+        self.arms: dict[str, _Base | None] = {}
+        for name, (kind, arm_k, opts) in switch_arms(self.options, self.k).items():
+            cls = SWITCH_PROPOSERS[kind]
+            self.arms[name] = None if cls is None else cls(vllm_config, opts, arm_k)
+        self.first = next(iter(self.arms))
+        self.calls: dict[str, int] = dict.fromkeys(self.arms, 0)
+
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings: Any = None,
+        **_: Any,
+    ) -> list[list[int]]:
+        name = _ACTIVE_ARM[0] or self.first
+        if name not in self.arms:
+            raise ValueError(f"switch proposer: no arm {name!r} (have {', '.join(self.arms)})")
+        self.calls[name] += 1
+        arm = self.arms[name]
+        if arm is None:
+            return [[] for _ in sampled_token_ids]
+        return arm.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)
