@@ -1,8 +1,8 @@
 """Proposers compared on ONE engine start-up: each cell is run once per arm, back to back, in rounds.
 
     python benchmarks/same_engine.py RUN --out DIR [--rounds 5] [--arms FILE.json] [--batch 1,4,16]
-        [--workloads offline-chat,...]
-    python benchmarks/same_engine.py --summary DIR
+        [--workloads offline-chat,...] [--chunk 4]
+    python benchmarks/same_engine.py --summary DIR [DIR ...]
 
 RUN is a `speclab bench` run with a no-SD entry: its cells (prompts, batch sizes, max_tokens) and engine
 settings (target, dtype, KV cache, max_model_len, ...) are reused. One in-process vLLM engine is started with
@@ -10,6 +10,10 @@ settings (target, dtype, KV cache, max_model_len, ...) are reused. One in-proces
 with vLLM's compiled lookup, static suffix k=8 without the global cache, the shipped `adaptive` proposer);
 then, round after round, every cell is run once per arm (the arms' order rotated from cell to cell and
 round to round), switching the active arm between cells.
+`--chunk N` runs each batch-1 cell in parts of N prompts with the arms rotated
+per part (a batch-1 cell takes 10-25 s per arm on the 2-core CPU, long enough for the machine's speed to
+move between two arms); the parts are summed per round before the arms are compared. Resume with the same
+options.
 
 Why: on the 2-core CPU an engine start-up's speed differs by 5-30% from the next one and keeps that offset for
 its life (docs/bench.md), more than the proposers differ; a bench sweep runs each entry on its own engines,
@@ -84,20 +88,66 @@ def order(arms: list[str], r: int, c: int) -> list[str]:
     return arms[s:] + arms[:s]
 
 
-def summarize(units: list[dict[str, Any]], adaptive: str = "adaptive", off: str = "off") -> list[dict]:
-    """Per (workload, batch): each arm's ratios to `off` per round (same start-up), median / min / max;
-    the adaptive arm's ratio to the best static arm (highest median ratio among the others), paired per
-    round; exactness of every arm's outputs against off's in the same round."""
-    by: dict[tuple[str, int], dict[tuple[str, int], dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
+def is_adaptive(arm: str) -> bool:
+    """Arms compared against the best static one: those named adaptive* (the default arms file's naming)."""
+    return arm.startswith("adaptive")
+
+
+def merge_parts(units: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Units of one cell run in parts (--chunk: `part` = i of n) summed into one per (start-up, round, cell,
+    arm): tokens over seconds; its outputs are the parts' digests in part order (compared with off's). A
+    cell with a part missing (a run that died within a round) is left out."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for u in units:
+        groups[(u["start"], u["round"], u["cell_id"], u["arm"])].append(u)
+    out = []
+    for us in groups.values():
+        parts = us[0].get("parts", 1)
+        if len({u.get("part", 0) for u in us}) < parts:
+            continue
+        us = sorted({u.get("part", 0): u for u in us}.values(), key=lambda u: u.get("part", 0))
+        tokens = sum(u["output_tokens"] for u in us)
+        elapsed = sum(u["elapsed_s"] for u in us)
+        out.append(
+            dict(
+                us[0],
+                tok_s=tokens / elapsed,
+                output_tokens=tokens,
+                elapsed_s=elapsed,
+                steps=sum(u["steps"] for u in us),
+                propose_s=sum(u["propose_s"] for u in us),
+                outputs="/".join(u["outputs"] for u in us),
+            )
+        )
+    return out
+
+
+def split_cell(cell: Any, chunk: int | None) -> list[tuple[Any, int, int]]:
+    """(sub-cell, part, parts): a batch-1 cell split into runs of `chunk` prompts (the same requests one
+    after another, so the arms can alternate every few seconds instead of every cell); other cells whole
+    (splitting a B > 1 cell would change its batch)."""
+    if not chunk or cell.batch_size != 1 or len(cell.prompts) <= chunk:
+        return [(cell, 0, 1)]
+    from dataclasses import replace
+
+    pieces = [cell.prompts[i : i + chunk] for i in range(0, len(cell.prompts), chunk)]
+    return [(replace(cell, prompts=p), i, len(pieces)) for i, p in enumerate(pieces)]
+
+
+def summarize(units: list[dict[str, Any]], off: str = "off") -> list[dict]:
+    """Per (workload, batch): each arm's ratios to `off` per round (same start-up, same round), median /
+    min / max / count; each adaptive arm's ratio to the best static arm (the highest median ratio among the
+    arms that are neither off nor adaptive), paired per round, and the rounds it was at least as fast;
+    exactness of every arm's outputs against off's in the same round; the proposer's median ms per step."""
+    by: dict[tuple[str, int], dict[tuple[str, int], dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
+    for u in merge_parts(units):
         by[(u["workload"], u["batch_size"])][(u["start"], u["round"])][u["arm"]] = u
     rows = []
     for (w, b), rounds in sorted(by.items()):
         ratios: dict[str, list[float]] = defaultdict(list)
         exact: dict[str, bool] = {}
-        for arms in rounds.values():
-            if off not in arms:
-                continue
+        paired = [arms for arms in rounds.values() if off in arms]
+        for arms in paired:
             base = arms[off]
             for name, u in arms.items():
                 ratios[name].append(u["tok_s"] / base["tok_s"])
@@ -105,13 +155,21 @@ def summarize(units: list[dict[str, Any]], adaptive: str = "adaptive", off: str 
         if not ratios:
             continue
         med = {a: statistics.median(v) for a, v in ratios.items()}
-        statics = [a for a in med if a not in (off, adaptive)]
+        statics = [a for a in med if a != off and not is_adaptive(a)]
         best = max(statics, key=lambda a: med[a]) if statics else None
-        vs_best: list[float] = []
-        if best is not None and adaptive in med:
-            for arms in rounds.values():
-                if adaptive in arms and best in arms:
-                    vs_best.append(arms[adaptive]["tok_s"] / arms[best]["tok_s"])
+        vs_best: dict[str, tuple[float, float, float, int, int]] = {}
+        for a in (x for x in med if is_adaptive(x)):
+            r = [
+                arms[a]["tok_s"] / arms[best]["tok_s"]
+                for arms in paired
+                if best and a in arms and best in arms
+            ]
+            if r:
+                vs_best[a] = (statistics.median(r), min(r), max(r), len(r), sum(x >= 1.0 for x in r))
+        per_step = defaultdict(list)
+        for arms in paired:
+            for a, u in arms.items():
+                per_step[a].append(1e3 * u["propose_s"] / max(u["steps"], 1))
         rows.append(
             {
                 "workload": w,
@@ -119,61 +177,37 @@ def summarize(units: list[dict[str, Any]], adaptive: str = "adaptive", off: str 
                 "ratio_to_off": {a: (med[a], min(v), max(v), len(v)) for a, v in sorted(ratios.items())},
                 "exact": exact,
                 "best_static": best,
-                "adaptive_vs_best": (
-                    (statistics.median(vs_best), min(vs_best), max(vs_best), len(vs_best))
-                    if vs_best
-                    else None
-                ),
-                "adaptive_wins": sum(x >= 1.0 for x in vs_best),
-                "propose_ms": {
-                    a: statistics.median(
-                        [
-                            1e3 * u["propose_s"] / max(u["steps"], 1)
-                            for arms in rounds.values()
-                            for n, u in arms.items()
-                            if n == a
-                        ]
-                    )
-                    for a in ratios
-                },
+                "vs_best": vs_best,
+                "propose_ms": {a: statistics.median(v) for a, v in sorted(per_step.items())},
             }
         )
     return rows
 
 
-def table(rows: list[dict], adaptive: str = "adaptive") -> str:
-    arms = sorted({a for r in rows for a in r["ratio_to_off"]})
-    head = (
-        "| workload | B | "
-        + " | ".join(f"{a} / off" for a in arms)
-        + " | adaptive / best static | rounds won | exact |"
-    )
-    lines = [head, "|" + "---|" * (len(arms) + 5)]
+def table(rows: list[dict]) -> str:
+    """Markdown: ratios to off, then each adaptive arm against the best static arm, exactness, proposer time."""
+    arms = sorted({a for r in rows for a in r["ratio_to_off"]}, key=lambda a: (a != "off", is_adaptive(a), a))
+    adaptive = [a for a in arms if is_adaptive(a)]
+    head = ["workload", "B", *(f"{a} / off" for a in arms[1:]), "best static"]
+    head += [f"{a} / best static (rounds >=)" for a in adaptive] + ["exact"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = []
-        for a in arms:
+        cells = [r["workload"], str(r["batch_size"])]
+        for a in arms[1:]:
             x = r["ratio_to_off"].get(a)
             cells.append("-" if x is None else f"{x[0]:.3f} [{x[1]:.2f}-{x[2]:.2f}]")
-        vb = r["adaptive_vs_best"]
-        vs = "-" if vb is None else f"{vb[0]:.3f} [{vb[1]:.2f}-{vb[2]:.2f}] vs {r['best_static']}"
-        won = "-" if vb is None else f"{r['adaptive_wins']}/{vb[3]}"
-        ok = (
-            "yes"
-            if all(r["exact"].values())
-            else "NO: " + ",".join(a for a, e in r["exact"].items() if not e)
-        )
-        lines.append(
-            f"| {r['workload']} | {r['batch_size']} | " + " | ".join(cells) + f" | {vs} | {won} | {ok} |"
-        )
+        cells.append(r["best_static"] or "-")
+        for a in adaptive:
+            v = r["vs_best"].get(a)
+            cells.append("-" if v is None else f"{v[0]:.3f} [{v[1]:.2f}-{v[2]:.2f}] ({v[4]}/{v[3]})")
+        bad = [a for a, e in r["exact"].items() if not e]
+        cells.append("yes" if not bad else "NO: " + ",".join(bad))
+        lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(
-        "proposer ms per step (median over rounds): "
-        + "; ".join(
-            f"{r['workload']} B{r['batch_size']}: "
-            + ", ".join(f"{a} {v:.2f}" for a, v in sorted(r["propose_ms"].items()))
-            for r in rows
-        )
-    )
+    lines.append("proposer ms per engine step, median over rounds:")
+    for r in rows:
+        ms = ", ".join(f"{a} {v:.2f}" for a, v in r["propose_ms"].items() if a != "off")
+        lines.append(f"- {r['workload']} B = {r['batch_size']}: {ms}")
     return "\n".join(lines)
 
 
@@ -209,13 +243,14 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     units_path = args.out / "units.jsonl"
-    done = {(u["round"], u["cell_id"], u["arm"]) for u in read_units(units_path)}
+    done = {(u["round"], u["cell_id"], u.get("part", 0), u["arm"]) for u in read_units(units_path)}
+    units_todo = [piece for c in cells for piece in split_cell(c, args.chunk)]
     todo = [
-        (r, ci, c, a)
+        (r, ui, piece, a)
         for r in range(1, args.rounds + 1)
-        for ci, c in enumerate(cells)
-        for a in order(arm_names, r, ci)
-        if (r, c.cell_id, a) not in done
+        for ui, piece in enumerate(units_todo)
+        for a in order(arm_names, r, ui)
+        if (r, piece[0].cell_id, piece[1], a) not in done
     ]
     if not todo:
         print(f"{args.out}: all {args.rounds} rounds done")
@@ -231,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
         set_arm(a)
         engine.warmup(cells[0])
     t_start = time.time()
-    for i, (r, _, c, a) in enumerate(todo, 1):
+    for i, (r, _, (c, part, parts), a) in enumerate(todo, 1):
         set_arm(a)
         res = engine.run_cell(c)
         if res.status != "ok":
@@ -245,6 +280,8 @@ def run(args: argparse.Namespace) -> int:
             "workload": c.cell_id.split(".")[1],
             "batch_size": c.batch_size,
             "arm": a,
+            "part": part,
+            "parts": parts,
             "tok_s": res.output_tokens / res.elapsed_s,
             "elapsed_s": res.elapsed_s,
             "output_tokens": res.output_tokens,
@@ -259,7 +296,9 @@ def run(args: argparse.Namespace) -> int:
             f.write(json.dumps(unit) + "\n")
         eta = (time.time() - t_start) / i * (len(todo) - i)
         print(
-            f"[{i}/{len(todo)}] round {r} {unit['workload']} B{c.batch_size} {a}: {unit['tok_s']:.1f} tok/s "
+            f"[{i}/{len(todo)}] round {r} {unit['workload']} B{c.batch_size}"
+            + (f" part {part + 1}/{parts}" if parts > 1 else "")
+            + f" {a}: {unit['tok_s']:.1f} tok/s "
             f"load {info.get('loadavg_end')} eta {eta / 60:.1f} min",
             flush=True,
         )
@@ -276,10 +315,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default=None, help="JSON file: {NAME: {proposer, k, options}}, one named 'off'")
     ap.add_argument("--batch", default=None, help="batch sizes to run (default: the run's)")
     ap.add_argument("--workloads", default=None, help="workloads to run (default: the run's)")
-    ap.add_argument("--summary", type=Path, default=None, metavar="DIR", help="print DIR's table and exit")
+    ap.add_argument(
+        "--chunk",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run batch-1 cells in parts of N prompts, the arms rotated per part (finer interleaving)",
+    )
+    ap.add_argument(
+        "--summary",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="print the table of DIRs' units and exit",
+    )
     args = ap.parse_args(argv)
     if args.summary is not None:
-        print(table(summarize(read_units(args.summary / "units.jsonl"))))
+        print(table(summarize([u for d in args.summary for u in read_units(d / "units.jsonl")])))
         return 0
     if args.run is None or args.out is None:
         ap.error("RUN and --out are needed (or --summary DIR)")

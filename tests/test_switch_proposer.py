@@ -129,6 +129,7 @@ def _unit(start, rnd, arm, tok_s, w="chat", b=1, outputs="x", steps=10, propose_
     return {
         "start": start, "round": rnd, "cell_id": f"c.{w}.b{b}", "workload": w, "batch_size": b, "arm": arm,
         "tok_s": tok_s, "outputs": outputs, "steps": steps, "propose_s": propose_s,
+        "output_tokens": tok_s * 10.0, "elapsed_s": 10.0,
     }  # fmt: skip
 
 
@@ -142,25 +143,25 @@ def test_summary_pairs_within_a_round_and_a_start_up() -> None:
                 _unit(start, rnd, "ngram", 104 * f),
                 _unit(start, rnd, "suffix", 102 * f),
                 _unit(start, rnd, "adaptive", (106 if rnd == 1 else 103) * f),
+                _unit(start, rnd, "adaptive-fast", 200 * f),  # another adaptive arm: never the "best static"
             ]
     units.append(_unit("C", 1, "adaptive", 500.0))  # no off in its round: not paired with anything
     (row,) = same_engine.summarize(units)
     assert row["best_static"] == "ngram"
     med, lo, hi, n = row["ratio_to_off"]["adaptive"]
     assert (n, lo, hi) == (4, pytest.approx(1.03), pytest.approx(1.06)) and med == pytest.approx(1.045)
-    vb = row["adaptive_vs_best"]
-    assert vb[3] == 4 and vb[1] == pytest.approx(103 / 104) and vb[2] == pytest.approx(106 / 104)
-    assert row["adaptive_wins"] == 2
+    med, lo, hi, n, wins = row["vs_best"]["adaptive"]
+    assert n == 4 and wins == 2 and lo == pytest.approx(103 / 104) and hi == pytest.approx(106 / 104)
+    assert row["vs_best"]["adaptive-fast"][4] == 4
     assert all(row["exact"].values())
     assert row["propose_ms"]["off"] == pytest.approx(1.0)
-    units.append(_unit("B", 2, "suffix", 99.0, outputs="different") | {"round": 2})
-    units = [
-        u for u in units if not (u["start"] == "B" and u["round"] == 2 and u["arm"] == "suffix")
-    ] + units[-1:]
+    # one arm's outputs differ from off's in one round: not exact
+    units = [u for u in units if not (u["start"] == "B" and u["round"] == 2 and u["arm"] == "suffix")]
+    units.append(_unit("B", 2, "suffix", 99.0, outputs="different"))
     (row,) = same_engine.summarize(units)
     assert row["exact"]["suffix"] is False and row["exact"]["adaptive"] is True
     text = same_engine.table([row])
-    assert "NO: suffix" in text and "adaptive / best static" in text
+    assert "NO: suffix" in text and "adaptive / best static (rounds >=)" in text and "(2/4)" in text
 
 
 def test_rotation_and_resume_reading(tmp_path: Path) -> None:
@@ -171,3 +172,33 @@ def test_rotation_and_resume_reading(tmp_path: Path) -> None:
     p.write_text(json.dumps(_unit("A", 1, "off", 1.0)) + "\n" + '{"start": "A", "rou')  # a torn last line
     assert [u["arm"] for u in same_engine.read_units(p)] == ["off"]
     assert same_engine.read_units(tmp_path / "missing.jsonl") == []
+
+
+def test_parts_are_summed_before_pairing() -> None:
+    """A batch-1 cell run in parts (--chunk): tokens over seconds of all parts, outputs compared part by part;
+    a cell with a part missing is left out."""
+    units = []
+    for arm, secs in (("off", (1.0, 3.0)), ("ngram", (1.0, 1.0))):
+        for part, s in enumerate(secs):
+            u = _unit("A", 1, arm, 0.0, outputs=f"p{part}") | {"part": part, "parts": 2}
+            units.append(u | {"output_tokens": 10, "elapsed_s": s})
+    units.append(
+        _unit("A", 1, "suffix", 0.0) | {"part": 0, "parts": 2, "output_tokens": 10, "elapsed_s": 1.0}
+    )
+    (row,) = same_engine.summarize(units)
+    assert row["ratio_to_off"]["ngram"][0] == pytest.approx((20 / 2.0) / (20 / 4.0))
+    assert "suffix" not in row["ratio_to_off"] and row["exact"]["ngram"] is True
+
+
+def test_split_cell_splits_batch_one_only() -> None:
+    from speclab.engine.protocol import CellSpec, PromptSpec
+
+    prompts = [PromptSpec(id=f"p{i}", prompt_token_ids=[1, 2, 3]) for i in range(10)]
+    one = CellSpec(cell_id="x.w.c.b1", batching="continuous", batch_size=1, max_tokens=4, prompts=prompts)
+    parts = same_engine.split_cell(one, 4)
+    assert [(len(c.prompts), i, n) for c, i, n in parts] == [(4, 0, 3), (4, 1, 3), (2, 2, 3)]
+    assert [p.id for c, _, _ in parts for p in c.prompts] == [p.id for p in prompts]
+    four = CellSpec(cell_id="x.w.c.b4", batching="continuous", batch_size=4, max_tokens=4, prompts=prompts)
+    assert same_engine.split_cell(four, 4) == [(four, 0, 1)] and same_engine.split_cell(one, None) == [
+        (one, 0, 1)
+    ]
