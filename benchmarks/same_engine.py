@@ -7,7 +7,7 @@
 RUN is a `speclab bench` run with a no-SD entry: its cells (prompts, batch sizes, max_tokens) and engine
 settings (target, dtype, KV cache, max_model_len, ...) are reused. One in-process vLLM engine is started with
 `speclab.methods.vllm_custom.SpeclabSwitchProposer` holding every arm (default: `off`, static n-gram k=5
-with vLLM's compiled lookup, static suffix k=8 without the global cache, the shipped `adaptive` proposer);
+with vLLM's compiled lookup, static suffix k=8 without the global cache, the adaptive proposer as shipped);
 then, round after round, every cell is run once per arm (the arms' order rotated from cell to cell and
 round to round), switching the active arm between cells.
 `--chunk N` runs each batch-1 cell in parts of N prompts with the arms rotated
@@ -53,7 +53,7 @@ DEFAULT_ARMS: dict[str, dict[str, Any]] = {
     "adaptive": {
         "proposer": "adaptive",
         "k": 8,
-        "options": {"cost_model": "smollm2-135m-cpu-live", "suffix": {"max_cached_requests": 0}},
+        "options": {"cost_model": "smollm2-135m-cpu-live"},  # the engine default: n-gram probe, pooled
     },
 }
 

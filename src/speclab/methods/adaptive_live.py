@@ -50,6 +50,12 @@ from speclab.simulate.policies import PolicyContext, StepOutcome, StepView, make
 
 DEFAULT_COST_MODEL = "smollm2-135m-cpu-live"
 LIVE_METHODS = ("ngram", "suffix")  # model-free proposers the driver can run as probes
+# what the vLLM adapter (vllm_custom.SpeclabAdaptiveProposer) runs without options: the n-gram probe only,
+# with the lookup priors pooled over the requests served; on one engine start-up it was the faster of the
+# two against the rule with both probes (docs/adaptive.md, "Stop 22": 5 of 6 cells, 9 of 11 rounds at
+# code-edit B = 4 and 16), at a quarter to a half of its time per step
+ENGINE_DEFAULT_METHODS = ("ngram",)
+ENGINE_DEFAULT_POLICY = "adaptive-pooled"
 # a model-based drafter's drafts come from the engine (the caller's `draft_model` callback): a head or draft
 # model that vLLM runs, which a custom_class proposer cannot (speclab.methods.hybrid_live)
 MODEL_KMAX_DEFAULT = 3

@@ -14,11 +14,16 @@ The adapters call the same code the replay uses (speclab.methods.ngram `propose`
 `SuffixSpeculator.step`, itself arctic-inference's cache as vLLM's built-in `suffix` runs it), so a replayed
 trace and a live run cannot drift apart; `speclab trace crosscheck` checks it on real runs.
 
-`SpeclabAdaptiveProposer` chooses per step and per row among those two proposers and how many drafts (0..K),
-with the simulator's `adaptive` policy (speclab.methods.adaptive_live; docs/adaptive.md), options
-'{"methods": ["ngram", "suffix"], "kmax": 8, "cost_model": "smollm2-135m-cpu-live", "ngram": {...},
-"suffix": {...}, "price_fit": true}' (all optional; price_fit: refit the cost model's prices online from the
-engine's step intervals, speclab.costmodel.online).
+`SpeclabAdaptiveProposer` chooses per step and per row among those proposers and how many drafts (0..K),
+with one of the simulator's adaptive policies (speclab.methods.adaptive_live; docs/adaptive.md), options
+'{"methods": ["ngram", "suffix"], "policy": "adaptive", "kmax": 8, "cost_model": "smollm2-135m-cpu-live",
+"ngram": {...}, "suffix": {...}, "price_fit": true}' (all optional; without `methods` / `policy` it runs the
+n-gram probe only with `adaptive-pooled`, the faster of the two on one engine start-up, docs/adaptive.md
+"Stop 22"; price_fit: refit the cost model's prices online from the engine's step intervals,
+speclab.costmodel.online).
+
+`SpeclabSwitchProposer` holds several of these as arms of one engine, one active at a time (`set_arm`), to
+compare them on one engine start-up (benchmarks/same_engine.py).
 """
 
 from __future__ import annotations
@@ -183,15 +188,21 @@ class SpeclabSuffixProposer(_Base):
 
 
 class SpeclabAdaptiveProposer(_Base):
-    """The `adaptive` policy live: per step and row, n-gram or suffix drafts (speclab's code for both) or
+    """An adaptive policy live: per step and row, n-gram or suffix drafts (speclab's code for both) or
     none, and how many, from each request's hindsight, the proposers' current offers and the live batch
-    (speclab.methods.adaptive_live). KMAX = the engine's num_speculative_tokens unless `kmax` is smaller."""
+    (speclab.methods.adaptive_live). KMAX = the engine's num_speculative_tokens unless `kmax` is smaller.
+    Default: the n-gram probe only, `adaptive-pooled` (adaptive_live.ENGINE_DEFAULT_*)."""
 
     method = "adaptive"
 
     def __init__(self, vllm_config: Any, options: dict[str, Any] | None = None, k: int | None = None) -> None:
         super().__init__(vllm_config, options, k)
-        from speclab.methods.adaptive_live import DEFAULT_COST_MODEL, LIVE_METHODS, AdaptiveDriver
+        from speclab.methods.adaptive_live import (
+            DEFAULT_COST_MODEL,
+            ENGINE_DEFAULT_METHODS,
+            ENGINE_DEFAULT_POLICY,
+            AdaptiveDriver,
+        )
 
         o = self.options
         bad = sorted(set(o) - set(ADAPTIVE_KEYS))
@@ -203,9 +214,9 @@ class SpeclabAdaptiveProposer(_Base):
         self.driver = AdaptiveDriver(
             kmax=kmax,
             max_model_len=self.max_model_len,
-            methods=tuple(o.get("methods", LIVE_METHODS)),
+            methods=tuple(o.get("methods", ENGINE_DEFAULT_METHODS)),
             cost_model=str(o.get("cost_model", DEFAULT_COST_MODEL)),
-            policy=str(o.get("policy", "adaptive")),
+            policy=str(o.get("policy", ENGINE_DEFAULT_POLICY)),
             ngram=o.get("ngram"),
             suffix=o.get("suffix"),
             price_fit=o.get("price_fit", False),
