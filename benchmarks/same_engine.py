@@ -218,7 +218,12 @@ def run(args: argparse.Namespace) -> int:
 
     job = read_job(none_job(args.run))
     arms_cfg = json.loads(Path(args.arms).read_text()) if args.arms else DEFAULT_ARMS
-    k = max((a.get("k") or 1) for a in arms_cfg.values())
+    ks = [a["k"] for a in arms_cfg.values() if isinstance(a, dict) and a.get("k")]
+    if not ks:
+        raise SystemExit(
+            "--arms: give at least one arm a k (the engine's num_speculative_tokens is the largest)"
+        )
+    k = max(ks)  # an arm without k drafts up to it
     switch_arms({"arms": arms_cfg}, k)  # bad arms fail here, before an engine starts
     arm_names = list(arms_cfg)
     if "off" not in arm_names:
