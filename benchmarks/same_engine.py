@@ -218,13 +218,18 @@ def run(args: argparse.Namespace) -> int:
 
     job = read_job(none_job(args.run))
     arms_cfg = json.loads(Path(args.arms).read_text()) if args.arms else DEFAULT_ARMS
-    ks = [a["k"] for a in arms_cfg.values() if isinstance(a, dict) and a.get("k")]
+    if not isinstance(arms_cfg, dict):
+        raise SystemExit("--arms: expected a JSON object {NAME: {proposer, k, options}}")
+    ks = [a["k"] for a in arms_cfg.values() if isinstance(a, dict) and isinstance(a.get("k"), int)]
     if not ks:
         raise SystemExit(
             "--arms: give at least one arm a k (the engine's num_speculative_tokens is the largest)"
         )
     k = max(ks)  # an arm without k drafts up to it
-    switch_arms({"arms": arms_cfg}, k)  # bad arms fail here, before an engine starts
+    try:
+        switch_arms({"arms": arms_cfg}, k)  # bad arms fail here, before an engine starts
+    except ValueError as exc:
+        raise SystemExit(f"--arms: {exc}") from None
     arm_names = list(arms_cfg)
     if "off" not in arm_names:
         raise SystemExit("--arms: an arm named 'off' (proposer off) is the baseline and is required")
