@@ -38,13 +38,19 @@ from speclab.methods.adaptive_live import AdaptiveDriver, play_engine
 from speclab.simulate.adaptive import goodput
 
 
-def load_requests(run: Path) -> dict[str, list[tuple[list[int], list[int]]]]:
-    """Per workload: (prompt ids, no-SD output ids) of the batch-1 cell of the run's `none` engine."""
+def none_job(run: Path) -> Path:
+    """The job file of a bench run's no-SD engine (its latest attempt)."""
     jobs = sorted(run.glob("engines/none-*/attempt-*/job.json"))
     if not jobs:
         raise SystemExit(f"{run}: no engines/none-*/attempt-*/job.json (a run with a no-SD entry is needed)")
-    job = read_job(jobs[-1])
-    results = {r.cell_id: r for r in read_results(jobs[-1].parent / "cells.jsonl") if r.status == "ok"}
+    return jobs[-1]
+
+
+def load_requests(run: Path) -> dict[str, list[tuple[list[int], list[int]]]]:
+    """Per workload: (prompt ids, no-SD output ids) of the batch-1 cell of the run's `none` engine."""
+    path = none_job(run)
+    job = read_job(path)
+    results = {r.cell_id: r for r in read_results(path.parent / "cells.jsonl") if r.status == "ok"}
     out: dict[str, list[tuple[list[int], list[int]]]] = {}
     smallest = min((c.batch_size for c in job.cells if c.cell_id in results), default=1)
     for cell in job.cells:

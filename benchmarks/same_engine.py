@@ -44,6 +44,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_adaptive_driver import none_job  # noqa: E402
+
 CHILD_ENV = "SPECLAB_SAME_ENGINE_CHILD"
 SWITCH = "speclab.methods.vllm_custom.SpeclabSwitchProposer"
 DEFAULT_ARMS: dict[str, dict[str, Any]] = {
@@ -56,13 +59,6 @@ DEFAULT_ARMS: dict[str, dict[str, Any]] = {
         "options": {"cost_model": "smollm2-135m-cpu-live"},  # the engine default: n-gram probe, pooled
     },
 }
-
-
-def none_job(run: Path) -> Path:
-    jobs = sorted(run.glob("engines/none-*/attempt-*/job.json"))
-    if not jobs:
-        raise SystemExit(f"{run}: no engines/none-*/attempt-*/job.json (a run with a no-SD entry is needed)")
-    return jobs[-1]
 
 
 def digest(ids: list[int]) -> str:
