@@ -47,6 +47,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_adaptive_driver import none_job  # noqa: E402
 
+from speclab.bench.repeats import interval_verdict, median_interval  # noqa: E402
+
 CHILD_ENV = "SPECLAB_SAME_ENGINE_CHILD"
 SWITCH = "speclab.methods.vllm_custom.SpeclabSwitchProposer"
 DEFAULT_ARMS: dict[str, dict[str, Any]] = {
@@ -87,6 +89,12 @@ def order(arms: list[str], r: int, c: int) -> list[str]:
 def is_adaptive(arm: str) -> bool:
     """Arms compared against the best static one: those named adaptive* (the default arms file's naming)."""
     return arm.startswith("adaptive")
+
+
+def is_control(arm: str, off: str = "off") -> bool:
+    """A second arm that drafts nothing (named off*, e.g. `off-again`, proposer off): an A/A control whose
+    ratio to `off` is the machine's noise on the same work, never a candidate for the best static arm."""
+    return arm != off and arm.startswith(off)
 
 
 def merge_parts(units: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -151,17 +159,23 @@ def summarize(units: list[dict[str, Any]], off: str = "off") -> list[dict]:
         if not ratios:
             continue
         med = {a: statistics.median(v) for a, v in ratios.items()}
-        statics = [a for a in med if a != off and not is_adaptive(a)]
+        statics = [a for a in med if a != off and not is_adaptive(a) and not is_control(a, off)]
         best = max(statics, key=lambda a: med[a]) if statics else None
         vs_best: dict[str, tuple[float, float, float, int, int]] = {}
-        for a in (x for x in med if is_adaptive(x)):
+        interval: dict[str, dict[str, Any]] = {}
+        for a in (x for x in med if is_adaptive(x) or is_control(x, off)):
+            # a control (A/A) arm is only read against off: its interval is the resolution of these rounds
             r = [
                 arms[a]["tok_s"] / arms[best]["tok_s"]
                 for arms in paired
-                if best and a in arms and best in arms
+                if best and is_adaptive(a) and a in arms and best in arms
             ]
             if r:
                 vs_best[a] = (statistics.median(r), min(r), max(r), len(r), sum(x >= 1.0 for x in r))
+            for what, xs in (("vs_best", r), ("vs_off", ratios[a])):
+                if xs:
+                    iv = median_interval(xs)
+                    interval.setdefault(a, {})[what] = (iv, interval_verdict(iv, len(xs)))
         per_step = defaultdict(list)
         for arms in paired:
             for a, u in arms.items():
@@ -174,6 +188,7 @@ def summarize(units: list[dict[str, Any]], off: str = "off") -> list[dict]:
                 "exact": exact,
                 "best_static": best,
                 "vs_best": vs_best,
+                "interval": interval,
                 "propose_ms": {a: statistics.median(v) for a, v in sorted(per_step.items())},
             }
         )
@@ -199,6 +214,21 @@ def table(rows: list[dict]) -> str:
         bad = [a for a, e in r["exact"].items() if not e]
         cells.append("yes" if not bad else "NO: " + ",".join(bad))
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(
+        "95% distribution-free interval of the median paired ratio (sign test; exact coverage in"
+        " parentheses) and what it says:"
+    )
+    for r in rows:
+        for a, got in r.get("interval", {}).items():
+            parts = []
+            for what, label in (("vs_best", f"/ {r['best_static']}"), ("vs_off", "/ off")):
+                if what not in got:
+                    continue
+                iv, verdict = got[what]
+                span = "-" if iv is None else f"[{iv[0]:.3f}-{iv[1]:.3f}] ({iv[2]:.3f})"
+                parts.append(f"{label} {span} {verdict}")
+            lines.append(f"- {r['workload']} B = {r['batch_size']}, {a}: " + "; ".join(parts))
     lines.append("")
     lines.append("proposer ms per engine step, median over rounds:")
     for r in rows:

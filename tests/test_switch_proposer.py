@@ -204,3 +204,47 @@ def test_split_cell_splits_batch_one_only() -> None:
     assert same_engine.split_cell(four, 4) == [(four, 0, 1)] and same_engine.split_cell(one, None) == [
         (one, 0, 1)
     ]
+
+
+def test_median_interval_is_the_sign_test_interval() -> None:
+    """The interval's coverage is exact (binomial), checked against a brute-force sum for every n up to 30,
+    and it is the widest-j order-statistic pair that reaches the level."""
+    import math
+
+    from speclab.bench.repeats import interval_verdict, median_interval
+
+    assert median_interval([]) is None and median_interval([1.0] * 5) is None  # n < 6: no 95% interval
+    for n in range(6, 31):
+        xs = [float(i) for i in range(n)][::-1]  # unsorted input
+        lo, hi, cover = median_interval(xs)
+        j = int(lo) + 1
+        assert hi == n - j
+        miss = 2 * sum(math.comb(n, i) for i in range(j)) / 2**n
+        assert cover == pytest.approx(1 - miss) and cover >= 0.95
+        tighter = 2 * sum(math.comb(n, i) for i in range(j + 1)) / 2**n
+        assert j >= n // 2 or 1 - tighter < 0.95  # one step tighter would fall below the level
+    assert interval_verdict(median_interval([1.01, 1.02, 1.03, 1.04, 1.05, 1.06]), 6) == "ahead"
+    assert interval_verdict(median_interval([0.91, 0.92, 0.93, 0.94, 0.95, 0.96]), 6) == "behind"
+    assert interval_verdict(median_interval([0.9, 1.1, 0.95, 1.05, 1.0, 1.02]), 6) == "level"
+    assert interval_verdict(None, 3) == "too few rounds (3)"
+
+
+def test_control_arm_is_noise_not_a_static_candidate() -> None:
+    """An A/A arm (off-again, drafting nothing) is never the best static arm even where the noise puts it
+    ahead; it gets an interval against off only; the adaptive arm gets both."""
+    units = []
+    for rnd in range(1, 8):
+        units += [
+            _unit("A", rnd, "off", 100.0),
+            _unit("A", rnd, "off-again", 110.0 + rnd),  # noise made it the fastest arm
+            _unit("A", rnd, "ngram", 104.0),
+            _unit("A", rnd, "adaptive", 105.0 + rnd),
+        ]
+    (row,) = same_engine.summarize(units)
+    assert row["best_static"] == "ngram" and "off-again" not in row["vs_best"]
+    assert set(row["interval"]["off-again"]) == {"vs_off"}
+    (lo, hi, cover), verdict = row["interval"]["adaptive"]["vs_best"]
+    assert verdict == "ahead" and lo == pytest.approx(106 / 104) and hi == pytest.approx(112 / 104)
+    assert cover == pytest.approx(1 - 2 / 128)
+    text = same_engine.table([row])
+    assert "off-again: / off [1.110-1.170]" in text and "95% distribution-free interval" in text

@@ -14,6 +14,7 @@ Token-exactness, acceptance, traces, time split and memory come from repeat 1.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -215,3 +216,34 @@ def evidence(
     if lo < 1.0 <= hi:
         return "unsure", med, f"{n}: {lo:.2f}x-{hi:.2f}x straddles 1.00x"
     return ("faster" if lo >= 1.0 else "slower"), med, f"{n}: {lo:.2f}x-{hi:.2f}x"
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float] | None:
+    """Distribution-free interval for the median of paired ratios (the sign test's): the j-th smallest and
+    j-th largest value, j the largest with P(Binomial(n, 1/2) < j) <= (1 - level) / 2, and the interval's
+    exact coverage. No resampling, so no seed: rounds of a machine this noisy are not normal, and their
+    median is what the tables report. None where n is too small for any interval of that level (n < 6 at
+    0.95: even min-max covers only 1 - 2 / 2^n)."""
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return None
+    tail = 0.0  # P(Binomial(n, 1/2) <= j - 1), grown while it stays within the level's tail
+    j = 0
+    while j < n // 2:
+        nxt = tail + math.comb(n, j) / 2.0**n
+        if nxt > (1.0 - level) / 2.0:
+            break
+        tail, j = nxt, j + 1
+    if j == 0:
+        return None
+    return xs[j - 1], xs[n - j], 1.0 - 2.0 * tail
+
+
+def interval_verdict(iv: tuple[float, float, float] | None, n: int) -> str:
+    """'ahead' / 'behind' where the whole interval lies above / below 1, else 'level'; 'too few rounds'
+    where no interval exists."""
+    if iv is None:
+        return f"too few rounds ({n})"
+    lo, hi, _ = iv
+    return "ahead" if lo > 1.0 else "behind" if hi < 1.0 else "level"
