@@ -28,7 +28,13 @@ Output: DIR/units.jsonl, one line per (round, cell, arm) as it completes (a reru
 units already there are skipped; each line records its engine start-up, and ratios are only taken within
 one), and a table of each arm's median ratio to `off` [min-max over rounds] per workload and batch size,
 the adaptive arm's median ratio to the best static arm of that cell (paired per round), and whether its
-outputs were token-exact against `off`'s in every round.
+outputs were token-exact against `off`'s in every round. Below it, each adaptive arm's 95% interval for its
+median paired ratio (to the best static arm, and to `off`): the sign test's, distribution-free and exact
+(`speclab.bench.repeats.median_interval`; at least 6 rounds), read as ahead / behind / level.
+
+A/A control: an arm named `off-...` with proposer `off` does the same work as `off`; its interval against
+`off` is what these rounds can resolve on this machine (benchmarks/arms/resolution.json). It is never taken
+as the best static arm.
 """
 
 from __future__ import annotations
