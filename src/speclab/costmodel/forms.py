@@ -1,4 +1,5 @@
-"""Target-forward forms beyond the study's linear one, selected in a cost-model TOML by `[target] form`.
+"""Target-forward forms, selected in a cost-model TOML by `[target] form`: the study's linear one
+(`TargetCost`) and two beyond it.
 
 `piecewise` (speclab): a forward's time is linear in the KV tokens, and piecewise linear in the batched
 tokens with one knee: below it a forward is bound by reading the weights (adding a token costs little),
@@ -36,10 +37,29 @@ from typing import Any
 
 import numpy as np
 
-from speclab.costmodel.model import TargetCost
 from speclab.errors import ConfigError
 
 TARGET_FORMS = ("linear", "piecewise", "table")
+
+
+@dataclass(frozen=True)
+class TargetCost:
+    """The linear form: kv * kv_tokens + batched * batched_tokens + const."""
+
+    kv: float
+    batched: float
+    const: float
+
+    def time(self, kv_tokens: Any, batched_tokens: Any, sampled_positions: Any = None) -> Any:
+        # sampled_positions: used by the forms below with a per-sampled-position term
+        return self.kv * kv_tokens + self.batched * batched_tokens + self.const
+
+    def toml_lines(self) -> list[str]:
+        return [
+            f"kv = {float(self.kv)!r}",
+            f"batched = {float(self.batched)!r}",
+            f"const = {float(self.const)!r}",
+        ]
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from speclab.costmodel.forms import TargetCost, target_from_toml
 from speclab.errors import ConfigError
 
 DRAFT_FORMS = ("linear", "chained", "forwards", "verify_fraction")
@@ -49,20 +50,6 @@ _DRAFT_KEYS: dict[str, dict[str, Any]] = {
     "verify_fraction": {"fraction": _REQUIRED},
 }
 _TOP_KEYS = ("name", "description", "source", "target", "overhead", "draft")
-
-
-@dataclass(frozen=True)
-class TargetCost:
-    kv: float
-    batched: float
-    const: float
-
-    def time(self, kv_tokens: Any, batched_tokens: Any, sampled_positions: Any = None) -> Any:
-        # sampled_positions: used by forms with a per-sampled-position term (speclab.costmodel.forms)
-        return self.kv * kv_tokens + self.batched * batched_tokens + self.const
-
-    def toml_lines(self) -> list[str]:
-        return [f"kv = {_f(self.kv)}", f"batched = {_f(self.batched)}", f"const = {_f(self.const)}"]
 
 
 @dataclass(frozen=True)
@@ -194,8 +181,6 @@ class CostModel:
         tgt_raw = _table(d, "target", where)
         tgt_form = tgt_raw.get("form", "linear")
         if tgt_form != "linear":  # other forms (piecewise): speclab.costmodel.forms checks their fields
-            from speclab.costmodel.forms import target_from_toml
-
             _no_unknown(
                 tgt_raw,
                 ("form", *_TARGET_KEYS, "knee", "batched_hi", "sampled", "table", "interpolate"),
