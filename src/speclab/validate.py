@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from speclab.bench.repeats import load_is_contended, row_pressure
-from speclab.bench.rows import _baseline_match, entry_labels, read_rows
+from speclab.bench.rows import baseline_match, entry_labels, read_rows
 from speclab.costmodel import CostModel, fit_cost_model, get_cost_model
 from speclab.errors import SpeclabError
 from speclab.simulate import simulate
@@ -203,7 +203,7 @@ def validate_run(run: str | Path, cost_model: str | CostModel | None = None, fit
         cm, desc = _load_cost_model(run, cost_model, fit)
     labels = dict(zip((r["cell_id"] for r in rows), entry_labels(rows), strict=True))
     ok = [r for r in rows if r.get("status") == "ok" and r.get("trace_part")]
-    base_by_match = {_baseline_match(r): r for r in ok if r.get("method") == "none"}
+    base_by_match = {baseline_match(r): r for r in ok if r.get("method") == "none"}
     val = Validation(run=str(run), cost_model=desc)
     predicted: dict[str, float] = {}
     notes: list[str] = []
@@ -249,7 +249,7 @@ def validate_run(run: str | Path, cost_model: str | CostModel | None = None, fit
             check.predicted_speedup = 1.0
             continue
         base = next((b for b in ok if b["cell_id"] == r.get("baseline_cell_id")), None)
-        base = base or base_by_match.get(_baseline_match(r))
+        base = base or base_by_match.get(baseline_match(r))
         if base is None or base["cell_id"] not in predicted:
             check.note = check.note or "no baseline cell to compare with"
             continue

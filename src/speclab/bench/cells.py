@@ -20,7 +20,8 @@ from speclab.workloads.file_workloads import file_fingerprint
 _BATCHING_SHORT = {"replicate": "rep", "continuous": "cont"}
 
 
-def _digest(obj: Any, n: int = 8) -> str:
+def digest(obj: Any, n: int = 8) -> str:
+    """A short stable hash of JSON-able settings: the engine keys, cell ids and baseline keys of cells."""
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:n]
 
@@ -124,7 +125,7 @@ def expand_cells(spec: SweepSpec) -> list[Cell]:
     fingerprints = {w: file_fingerprint(w, spec.workload_files) for w in spec.workloads}
     for m in spec.methods:
         eng = engine_settings(engine_spec(spec, m))
-        ekey = _digest(eng)
+        ekey = digest(eng)
         for w in spec.workloads:
             if m.workloads is not None and w not in m.workloads:
                 continue
@@ -148,8 +149,8 @@ def expand_cells(spec: SweepSpec) -> list[Cell]:
                     }
                     if fingerprints[w] is not None:  # only for file workloads: built-in cells keep their ids
                         common["file_sha256"] = fingerprints[w]
-                    bkey = _digest(common)
-                    h = _digest({"common": common, "method": m.name, "k": m.k, "options": m.options})
+                    bkey = digest(common)
+                    h = digest({"common": common, "method": m.name, "k": m.k, "options": m.options})
                     cid = f"{m.label}.{w}.{_BATCHING_SHORT[batching]}.b{b}.{h}"
                     cells.append(
                         Cell(

@@ -8,9 +8,12 @@ its traces).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,18 @@ from speclab.traces.store import read_store, records_to_table
 
 RESULTS = "results.jsonl"
 TRACES = "traces"
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold a run directory for one sweep at a time (offline or server mode); a second one fails at once."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"{run_dir}: another `speclab bench` is running on this directory") from None
+        yield
 
 
 def parse_rows(path: Path) -> dict[str, dict[str, Any]]:

@@ -37,7 +37,7 @@ def read_rows(run: str | Path, mode: str = "offline") -> list[dict[str, Any]]:
     return [r for r in rows if (r.get("mode") == "server") == (mode == "server")]
 
 
-def _baseline_match(r: dict[str, Any]) -> tuple[Any, ...]:
+def baseline_match(r: dict[str, Any]) -> tuple[Any, ...]:
     """The settings a row shares with its no-SD row, from the row's own fields. (The runner matches cells by
     Cell.baseline_key, which also covers engine settings; rows do not record those.)"""
     return (
@@ -58,10 +58,10 @@ def fill_speedups(rows: list[dict[str, Any]]) -> None:
     base: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in rows:
         if r.get("method") == "none" and r.get("status") == "ok" and r.get("throughput_tok_s"):
-            base[_baseline_match(r)] = r
+            base[baseline_match(r)] = r
     for r in rows:
         if r.get("speedup") is None and r.get("status") == "ok" and r.get("throughput_tok_s"):
-            b = base.get(_baseline_match(r))
+            b = base.get(baseline_match(r))
             if b is not None:
                 apply_baseline(r, None, b, None)
 

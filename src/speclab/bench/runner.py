@@ -19,12 +19,10 @@ bench/raybench.py.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,7 @@ from speclab.bench.results import (
     apply_baseline,
     baseline_outputs,
     build_row,
+    run_lock,
     trace_records,
     write_trace_part,
 )
@@ -62,17 +61,6 @@ class SweepOutcome:
     ok: int  # finished ok in this run
     failed: int
     rows: list[dict[str, Any]] = field(default_factory=list)
-
-
-@contextlib.contextmanager
-def _run_lock(run_dir: Path) -> Iterator[None]:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".lock", "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(f"{run_dir}: another `speclab bench` is running on this directory") from None
-        yield
 
 
 class _Terminated(Exception):
@@ -125,7 +113,7 @@ class SweepRunner(RepeatUnits):
 
     # --- public ------------------------------------------------------------------------------------------
     def run(self) -> SweepOutcome:
-        with _run_lock(self.run_dir):
+        with run_lock(self.run_dir):
             old = signal.signal(signal.SIGTERM, _sigterm)
             try:
                 return self._run()

@@ -38,7 +38,7 @@ the batch sizes and how a batch is formed, the prompt count, max tokens and seed
     # label = "draft-l8", workloads = [...], batch_sizes = [...] restrict or rename an entry
 
 Server mode (`speclab bench SWEEP --server`) reads a `[server]` table: request rates, concurrency levels,
-SLO (speclab/server/spec.py).
+SLO (speclab/bench/server_spec.py).
 
 Workloads as tables (instead of the list; in this order): an empty table names a registered workload, one
 with `path` is the user's own prompts file or request log (docs/workloads.md):
@@ -62,10 +62,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from speclab.bench.server_spec import ServerSpec, parse_server
 from speclab.engine.protocol import BATCHING, DTYPES
 from speclab.errors import ConfigError
 from speclab.methods.catalog import ENGINE_METHODS, HYBRID_METHODS, METHODS_NEEDING_MODEL
-from speclab.server.spec import ServerSpec, parse_server
 
 TOP_KEYS = {
     "name",
@@ -144,7 +144,7 @@ class SweepSpec:
     # so a persistent per-engine speed offset (5-30% between start-ups on the CPU) varies across repeats
     # instead of biasing one entry
     restart_each_repeat: bool = False
-    # server mode (`speclab bench SWEEP --server`): the loads each engine is served at (speclab.server.spec)
+    # server mode (`speclab bench SWEEP --server`): the loads each engine is served at (bench/server_spec.py)
     server: ServerSpec | None = None
 
     @property

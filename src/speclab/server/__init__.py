@@ -2,7 +2,7 @@
 loopback, driven by vLLM's own load generator (`vllm bench serve`) at request rates and concurrency levels,
 with the spec-decode counters scraped from the server's /metrics. Details: docs/server.md.
 
-- `speclab.server.spec`: the sweep's `[server]` table (`ServerSpec`).
+- the sweep's `[server]` table (`ServerSpec`) is parsed with the sweep, in `speclab.bench.server_spec`.
 - `speclab.server.cells`: server cells (method x workload x load) and their ids.
 - `speclab.server.metrics`: Prometheus text -> spec-decode counters.
 - `speclab.server.process`: start `vllm serve` with the worker's settings, wait for health, stop it.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from speclab.bench.cells import _digest, engine_settings, engine_spec
+from speclab.bench.cells import digest, engine_settings, engine_spec
 from speclab.bench.spec import MethodEntry, SweepSpec
 from speclab.engine.protocol import EngineSpec
 from speclab.errors import ConfigError
@@ -87,7 +87,7 @@ def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
     cells: list[ServerCell] = []
     for m in spec.methods:
         eng = engine_settings(engine_spec(spec, m))
-        ekey = _digest({"server": True, **eng})
+        ekey = digest({"server": True, **eng})
         for w in spec.workloads:
             if m.workloads is not None and w not in m.workloads:
                 continue
@@ -110,7 +110,7 @@ def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
                 }
                 if fp is not None:
                     common["file_sha256"] = fp
-                h = _digest({"common": common, "method": m.name, "k": m.k, "options": m.options})
+                h = digest({"common": common, "method": m.name, "k": m.k, "options": m.options})
                 load = f"srv-r{rate:g}" if rate is not None else f"srv-c{conc}"
                 cells.append(
                     ServerCell(
@@ -121,7 +121,7 @@ def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
                         request_rate=rate,
                         concurrency=conc,
                         num_prompts=n,
-                        baseline_key=_digest(common),
+                        baseline_key=digest(common),
                     )
                 )
     cells.sort(key=lambda c: 0 if c.is_baseline else 1)

@@ -31,8 +31,8 @@ from typing import Any
 from speclab.atomic import atomic_write_text
 from speclab.bench.preflight import PromptSet
 from speclab.bench.repeats import contended, row_pressure
-from speclab.bench.results import ResultsStore
-from speclab.bench.runner import SweepOutcome, _run_lock
+from speclab.bench.results import ResultsStore, run_lock
+from speclab.bench.runner import SweepOutcome
 from speclab.bench.spec import SweepSpec
 from speclab.engine.launch import describe_exit, log_tail, spawn_child
 from speclab.engine.worker import cpu_stall_us
@@ -85,7 +85,7 @@ class ServerRunner:
         self.counts = {"ok": 0, "failed": 0}
 
     def run(self) -> SweepOutcome:
-        with _run_lock(self.run_dir):
+        with run_lock(self.run_dir):
             old = signal.signal(signal.SIGTERM, _sigterm)
             try:
                 return self._run()
