@@ -22,9 +22,9 @@ from speclab.drafters.data import (  # noqa: E402
     heldout_ids,
     training_prompts,
 )
-from speclab.drafters.eagle3 import Eagle3Head, head_config  # noqa: E402
 from speclab.drafters.evaluate import chain_accepts, replay_metrics, step_replay  # noqa: E402
 from speclab.drafters.train import EagleRecipe, pick_draft_vocab, train_head, ttt_loss  # noqa: E402
+from speclab.models.eagle3 import Eagle3Head, head_config  # noqa: E402
 
 VOCAB = 50
 AUX = [0, 1]  # HF hidden_states indices below the last (that one is post-norm in HF)

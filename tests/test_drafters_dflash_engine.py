@@ -36,10 +36,10 @@ def _run(d, target, method, k, options, prompts):
 def test_dflash_probe_runs_lossless_in_vllm(tmp_path) -> None:
     import csv
 
-    from speclab.drafters.dflash import DFlashProbe, build_probe
     from speclab.engine.protocol import PromptSpec
     from speclab.engine.smoke import SMOKE_PROMPTS, render_chat
     from speclab.models import prepare_model
+    from speclab.models.dflash import DFlashProbe, build_probe
 
     target = prepare_model("smollm2-135m", "float32")
     probe = tmp_path / "probe"

@@ -25,7 +25,7 @@ def _save_untrained_head(target, out) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from speclab.drafters.eagle3 import Eagle3Head, head_config
+    from speclab.models.eagle3 import Eagle3Head, head_config
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)

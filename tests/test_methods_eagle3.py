@@ -15,10 +15,10 @@ from helpers import assert_replay_equals_naive_chains, tiny_llama
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from speclab.drafters.eagle3 import Eagle3Head, head_config  # noqa: E402
 from speclab.errors import ConfigError  # noqa: E402
 from speclab.methods import make_proposer  # noqa: E402
 from speclab.methods.eagle3 import Eagle3Proposer  # noqa: E402
+from speclab.models.eagle3 import Eagle3Head, head_config  # noqa: E402
 
 VOCAB = 40
 AUX = [0, 1]  # HF hidden_states indices of the 2-layer target (both pre-norm)

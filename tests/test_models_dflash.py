@@ -1,4 +1,4 @@
-"""speclab.drafters.dflash: the DFlash cost probe's checkpoint layout (config and tensors as speculators writes
+"""speclab.models.dflash: the DFlash cost probe's checkpoint layout (config and tensors as speculators writes
 them), what vLLM's speculators config reader makes of it, seeded determinism, and the presets and method
 entry that name it. A tiny random Llama stands in for the target; no engine runs here
 (tests/test_drafters_dflash_engine.py runs the real probe in vLLM)."""
@@ -14,8 +14,8 @@ from helpers import tiny_llama
 
 pytest.importorskip("transformers")
 
-from speclab.drafters.dflash import DFlashProbe, build_probe  # noqa: E402
 from speclab.errors import ConfigError  # noqa: E402
+from speclab.models.dflash import DFlashProbe, build_probe  # noqa: E402
 
 VOCAB = 50
 AUX = (0, 1)

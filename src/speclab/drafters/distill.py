@@ -43,7 +43,6 @@ from speclab.drafters.train import (
     DEFAULT_WORKLOADS,
     build_dir,
     data_stats,
-    default_aux_layers,
     drafters_dir,
     is_trained,
     load_data,
@@ -52,6 +51,7 @@ from speclab.drafters.train import (
     target_path,
 )
 from speclab.errors import ConfigError, SpeclabError
+from speclab.models.dflash import default_aux_layers
 from speclab.models.prepare import publish_build
 
 RECIPE_VERSION = "draft-1"

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from speclab.drafters.data import Sequence
-from speclab.drafters.eagle3 import Eagle3Head
+from speclab.models.eagle3 import Eagle3Head
 
 
 def collate(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

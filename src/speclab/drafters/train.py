@@ -40,9 +40,10 @@ from speclab.drafters.data import (
     eval_prompts,
     training_prompts,
 )
-from speclab.drafters.eagle3 import Eagle3Head, head_config
 from speclab.drafters.evaluate import collate, replay_metrics
 from speclab.errors import SpeclabError
+from speclab.models.dflash import default_aux_layers
+from speclab.models.eagle3 import Eagle3Head, head_config
 from speclab.models.prepare import MANIFEST, file_checksums, publish_build
 
 RECIPE_VERSION = "1"
@@ -266,14 +267,6 @@ def target_path(target: str, prepare: bool = True) -> Path:
     from speclab.models.prepare import resolve_model
 
     return resolve_model(target, "float32", prepare=prepare)
-
-
-def default_aux_layers(tcfg: dict[str, Any], aux: list[int] | None) -> list[int]:
-    n_layers = int(tcfg["num_hidden_layers"])
-    out = list(aux or [2, n_layers // 2, n_layers - 1])
-    if any(a < 0 or a >= n_layers for a in out):
-        raise SpeclabError(f"drafters: aux layers must lie in 0..{n_layers - 1} (got {out})")
-    return out
 
 
 def eagle_key(recipe: EagleRecipe, prepare: bool = True) -> tuple[Path, dict[str, Any], str]:

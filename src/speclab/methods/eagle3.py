@@ -1,4 +1,4 @@
-"""EAGLE-3 proposer: a trained EAGLE-3 head (speclab.drafters.eagle3, the checkpoint vLLM's `eagle3` method
+"""EAGLE-3 proposer: a trained EAGLE-3 head (speclab.models.eagle3, the checkpoint vLLM's `eagle3` method
 loads) fed with the target's hidden states, for replay tracing, `trace crosscheck` and live drafting.
 
 The head's forward is not written here: replay and live drafting call `Eagle3Head.iter_ttt` and
@@ -64,7 +64,7 @@ class Eagle3Proposer:
     ) -> None:
         import torch
 
-        from speclab.drafters.eagle3 import Eagle3Head
+        from speclab.models.eagle3 import Eagle3Head
 
         if head is None or head == "":
             raise ConfigError(MISSING_HEAD)

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from speclab.errors import ConfigError
+from speclab.errors import ConfigError, SpeclabError
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: presets parse [probe] tables without it
     import torch
@@ -47,6 +47,16 @@ if TYPE_CHECKING:  # torch is imported where tensors are made: presets parse [pr
 RECIPE_VERSION = "1"  # bump when the probe's layout or weights change (part of its cache key)
 FORMAT = "dflash"  # speculators_model_type; vLLM maps it to architecture DFlashDraftModel (qwen3_dflash.py)
 WEIGHTS = "model.safetensors"
+
+
+def default_aux_layers(tcfg: dict[str, Any], aux: list[int] | None) -> list[int]:
+    """The target layers whose hidden states a drafter reads (`aux`, or 2, L // 2, L - 1 of a target with L
+    layers); EAGLE-3 heads (speclab.drafters.train) and DFlash probes share the default."""
+    n_layers = int(tcfg["num_hidden_layers"])
+    out = list(aux or [2, n_layers // 2, n_layers - 1])
+    if any(a < 0 or a >= n_layers for a in out):
+        raise SpeclabError(f"drafters: aux layers must lie in 0..{n_layers - 1} (got {out})")
+    return out
 
 
 @dataclass(frozen=True)
@@ -227,8 +237,6 @@ def build_probe(
     """Write a seeded random DFlash drafter for the target checkpoint at `target_dir` into `out`
     (config.json + model.safetensors); returns its config."""
     from safetensors.torch import save_file
-
-    from speclab.drafters.train import default_aux_layers
 
     try:
         tcfg = json.loads((target_dir / "config.json").read_text())

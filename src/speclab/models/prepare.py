@@ -20,7 +20,10 @@ from typing import Any
 
 from speclab.atomic import exclusive_lock, replace_dir
 from speclab.errors import ConfigError, SpeclabError
+from speclab.models.dflash import RECIPE_VERSION as PROBE_VERSION
+from speclab.models.dflash import DFlashProbe, build_probe
 from speclab.models.presets import ModelPreset, get_preset, presets
+from speclab.models.trained import trained_resolver
 
 MANIFEST = "speclab-manifest.json"
 RECIPE_VERSION = "1"
@@ -218,9 +221,7 @@ def prepare_model(
     dtype = norm_dtype(dtype)
     preset = get_preset(name)
     if preset.trained:  # one fp32 checkpoint serves every dtype (vLLM runs the draft in the target's dtype)
-        from speclab.drafters.named import resolve_trained
-
-        return resolve_trained(preset, train=True, force=force, log=log)
+        return trained_resolver(preset).resolve_trained(preset, train=True, force=force, log=log)
     if not preset.buildable:
         raise ConfigError(f"model {name} is a hub checkpoint ({preset.hub_id}); nothing to prepare locally")
     dtype = build_dtype(preset, dtype)
@@ -237,9 +238,6 @@ def prepare_model(
         base_dir = prepare_model(preset.base, "float32", cache_dir, log=log)
         recipe: Any = list(preset.layers or ())
         if preset.source == "dflash-probe":
-            from speclab.drafters.dflash import RECIPE_VERSION as PROBE_VERSION
-            from speclab.drafters.dflash import DFlashProbe
-
             recipe = [PROBE_VERSION, DFlashProbe.from_table(preset.probe, f"model preset {name}").as_dict()]
         source_sha = hashlib.sha256(
             json.dumps([read_manifest(base_dir)["files"], recipe]).encode()
@@ -255,8 +253,6 @@ def prepare_model(
             if preset.source == "gguf-package":
                 _build_from_gguf(preset, src, dtype, tmp)
             elif preset.source == "dflash-probe":
-                from speclab.drafters.dflash import DFlashProbe, build_probe
-
                 build_probe(base_dir, DFlashProbe.from_table(preset.probe, f"model preset {name}"), tmp)
             else:
                 _build_truncated(preset, base_dir, dtype, tmp)
@@ -309,9 +305,7 @@ def resolve_model(
     if s in ps:
         preset = ps[s]
         if preset.trained:
-            from speclab.drafters.named import resolve_trained
-
-            return resolve_trained(preset, train=prepare)
+            return trained_resolver(preset).resolve_trained(preset, train=prepare)
         if preset.buildable:
             dtype = build_dtype(preset, dtype)
             d = prepared_path(s, dtype, cache_dir)
@@ -377,9 +371,7 @@ def list_models(cache_dir: str | os.PathLike[str] | None = None) -> list[dict[st
     for p in presets().values():
         where: dict[str, str | None] = {}
         if p.trained:
-            from speclab.drafters.named import trained_dir
-
-            d = trained_dir(p)
+            d = trained_resolver(p).trained_dir(p)
             where = {dt: str(d) if d else None for dt in p.dtypes}
         elif p.buildable:
             for dt in p.dtypes:

@@ -6,7 +6,7 @@ names a Hugging Face hub checkpoint (`source = "hub"`, `hub_id = ...`) for GPU m
 by speclab on this machine is a preset too (`source = "distill"`: a distilled draft model, `source =
 "train-eagle3"`: an EAGLE-3 head; `base` = the target, optional `[train]` = recipe fields): it is trained on
 first use and then cached (speclab.drafters.named). `source = "dflash-probe"` is a DFlash drafter with seeded
-random weights for `base` (a cost probe, speclab.drafters.dflash; optional `[probe]` = its fields), built like
+random weights for `base` (a cost probe, speclab.models.dflash; optional `[probe]` = its fields), built like
 a truncated draft, in float32 only (vLLM runs a drafter in the target's dtype). A target preset
 lists its drafters per SD method in a `[drafters]` table (values: preset names or hub ids).
 """
@@ -20,6 +20,7 @@ from importlib import resources
 from typing import Any
 
 from speclab.errors import ConfigError
+from speclab.models.dflash import DFlashProbe
 
 SOURCES = ("gguf-package", "truncate", "hub", "distill", "train-eagle3", "dflash-probe")
 TRAINED_SOURCES = ("distill", "train-eagle3")
@@ -77,8 +78,6 @@ def _parse(d: dict[str, Any], where: str) -> ModelPreset:
             raise ConfigError(
                 f"{where}: field base: needed for source dflash-probe (the target it drafts for)"
             )
-        from speclab.drafters.dflash import DFlashProbe
-
         DFlashProbe.from_table(dict(d.get("probe", {})), where)  # bad fields fail when presets load
     if source in TRAINED_SOURCES and not d.get("base"):
         raise ConfigError(f"{where}: field base: needed for source {source} (the target it is trained for)")
