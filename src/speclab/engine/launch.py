@@ -20,6 +20,7 @@ from typing import IO, Any
 from speclab.engine.protocol import CellResult
 from speclab.errors import ConfigError
 from speclab.models.prepare import cache_root
+from speclab.procs import kill_group
 
 
 def venv_libiomp() -> Path | None:
@@ -118,16 +119,8 @@ def spawn_child(cmd: list[str], env: dict[str, str], log: IO[Any] | int | None) 
 
 def stop_worker(proc: subprocess.Popen[bytes]) -> None:
     """Stop the worker and anything it started (its own session), politely first."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    if proc.poll() is None:
+        kill_group(proc)
 
 
 def describe_exit(rc: int) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 from speclab.engine.launch import describe_exit, log_tail, spawn_child, worker_env
 from speclab.engine.protocol import EngineSpec
 from speclab.errors import SpeclabError
+from speclab.procs import kill_group
 from speclab.server.metrics import ServerCounters, parse_metrics
 
 HOST = "127.0.0.1"  # servers and load generators only ever use loopback
@@ -180,17 +181,8 @@ class Server:
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
-        for sig, wait in ((signal.SIGINT, 30.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        # the engine core is in the same session; make sure nothing of it outlives the server
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        # the engine core is in the same session; the sweep makes sure nothing of it outlives the server
+        kill_group(proc, ((signal.SIGINT, 30.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)), sweep=True)
 
     def __enter__(self) -> Server:
         try:

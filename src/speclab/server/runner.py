@@ -19,7 +19,6 @@ import contextlib
 import fnmatch
 import hashlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from speclab.bench.spec import SweepSpec
 from speclab.engine.launch import describe_exit, log_tail, spawn_child
 from speclab.engine.worker import cpu_stall_us
 from speclab.errors import ConfigError, SpeclabError
+from speclab.procs import kill_group
 from speclab.server.cells import ServerCell, ServerGroup, expand_server_cells, group_server_engines
 from speclab.server.loadgen import loadgen_command, write_prompts
 from speclab.server.metrics import ServerCounters
@@ -48,6 +48,10 @@ SERVER_DIR = "server"
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+# a load generator past its time: SIGTERM, then SIGKILL, 5 s apart
+LOADGEN_STOP = ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0))
 
 
 class _Terminated(Exception):
@@ -243,11 +247,11 @@ class ServerRunner:
             try:
                 rc = proc.wait(timeout=self.sv.cell_timeout_s)
             except subprocess.TimeoutExpired:
-                _kill_group(proc)
+                kill_group(proc, LOADGEN_STOP)
                 rc = None
                 error = f"load generator did not finish within {self.sv.cell_timeout_s:g} s (stopped)"
             except BaseException:
-                _kill_group(proc)
+                kill_group(proc, LOADGEN_STOP)
                 raise
         elapsed = time.time() - t0
         stall1 = cpu_stall_us()
@@ -313,17 +317,6 @@ class ServerRunner:
                 mine = generated_texts(read_result(self.run_dir / row["result_file"]))
                 apply_server_baseline(row, mine, base_row, base_texts)
                 self.store.put(row)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _ms(lat: dict[str, Any] | None, metric: str, p: str) -> str:
