@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from speclab.errors import SpeclabError
+
 OFFLINE_WORKLOADS = (
     "offline-math",
     "offline-chat",
@@ -258,3 +260,23 @@ def build_sequences(
             out[i] = Sequence(prompts[i].id, prompts[i].workload, t, f, lab, n, ti, tv)
         say(f"  generated {min(start + batch_size, len(order))}/{len(order)} prompts")
     return [out[i] for i in range(len(prompts))]
+
+
+def collate_topk(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (tokens, valid, topk_ids, topk_logits); valid marks positions with a target distribution
+    (inside the sequence, label known)."""
+    if any(s.topk_ids is None or s.topk_logits is None for s in seqs):
+        raise SpeclabError(
+            "drafters: data without top-k logits (made by an older speclab); retrain with --force"
+        )
+    n = max(len(s.tokens) for s in seqs)
+    kk = seqs[0].topk_ids.shape[1]  # type: ignore[union-attr]
+    tokens = torch.zeros(len(seqs), n, dtype=torch.long)
+    valid = torch.zeros(len(seqs), n, dtype=torch.bool)
+    ids = torch.zeros(len(seqs), n, kk, dtype=torch.long)
+    vals = torch.zeros(len(seqs), n, kk)
+    for i, s in enumerate(seqs):
+        m = len(s.tokens)
+        tokens[i, :m], valid[i, :m] = s.tokens, s.labels >= 0
+        ids[i, :m], vals[i, :m] = s.topk_ids.long(), s.topk_logits.float()  # type: ignore[union-attr]
+    return tokens, valid, ids, vals

@@ -24,9 +24,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import math
-import random
-import resource
 import shutil
 import time
 from collections import defaultdict
@@ -37,11 +34,11 @@ from typing import Any
 import torch
 
 from speclab.atomic import exclusive_lock
-from speclab.drafters.data import Sequence
+from speclab.drafters.data import Sequence, collate_topk
 from speclab.drafters.evaluate import summarize_steps
+from speclab.drafters.loop import fit, publish_drafter
 from speclab.drafters.train import (
     DEFAULT_WORKLOADS,
-    build_dir,
     data_stats,
     drafters_dir,
     is_trained,
@@ -50,9 +47,8 @@ from speclab.drafters.train import (
     target_identity,
     target_path,
 )
-from speclab.errors import ConfigError, SpeclabError
+from speclab.errors import ConfigError
 from speclab.models.dflash import default_aux_layers
-from speclab.models.prepare import publish_build
 
 RECIPE_VERSION = "draft-1"
 # copied from the target so the student is a complete checkpoint with the target's tokenizer
@@ -156,26 +152,6 @@ def unique_params(model: Any) -> int:
 # --- loss -----------------------------------------------------------------------------------------------
 
 
-def collate_topk(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded (tokens, valid, topk_ids, topk_logits); valid marks positions with a target distribution
-    (inside the sequence, label known)."""
-    if any(s.topk_ids is None or s.topk_logits is None for s in seqs):
-        raise SpeclabError(
-            "drafters: data without top-k logits (made by an older speclab); retrain with --force"
-        )
-    n = max(len(s.tokens) for s in seqs)
-    kk = seqs[0].topk_ids.shape[1]  # type: ignore[union-attr]
-    tokens = torch.zeros(len(seqs), n, dtype=torch.long)
-    valid = torch.zeros(len(seqs), n, dtype=torch.bool)
-    ids = torch.zeros(len(seqs), n, kk, dtype=torch.long)
-    vals = torch.zeros(len(seqs), n, kk)
-    for i, s in enumerate(seqs):
-        m = len(s.tokens)
-        tokens[i, :m], valid[i, :m] = s.tokens, s.labels >= 0
-        ids[i, :m], vals[i, :m] = s.topk_ids.long(), s.topk_logits.float()  # type: ignore[union-attr]
-    return tokens, valid, ids, vals
-
-
 def kl_loss(student: Any, seqs: list[Sequence]) -> torch.Tensor:
     """Mean over positions of KL(p_target || p_student), p_target = softmax of the target's top-k logits."""
     tokens, valid, ids, vals = collate_topk(seqs)
@@ -235,74 +211,17 @@ def train_student(
     log: Any,
     max_minutes: float | None = None,
 ) -> dict[str, Any]:
-    """AdamW with warmup + cosine decay over a fixed number of steps; returns training statistics and the
-    held-out acceptance curve."""
-    params = [p for p in student.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0)
-    rng = random.Random(recipe.seed)
+    """KL distillation over token-budgeted batches, in the shared loop (drafters.loop); returns training
+    statistics and the held-out acceptance curve (with the mean training KL at each point)."""
+
+    def loss(seqs: list[Sequence]) -> torch.Tensor:
+        return kl_loss(student, seqs)
+
+    def metrics() -> dict[str, Any]:
+        return replay_draft(student, heldout, recipe.k) if heldout else {}
+
     batches = token_batches(train, recipe.tokens_per_batch)
-    total = max(len(batches) * recipe.epochs, 1)
-    warm = max(total // 20, 1)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warm, 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0))))
-    )
-    eval_at = {round(total * i / recipe.evals) for i in range(1, recipe.evals + 1)}
-    curve: list[dict[str, Any]] = []
-    losses: list[float] = []
-    t0, seen, step, capped = time.perf_counter(), 0, 0, False
-
-    def evaluate() -> None:
-        m = replay_draft(student, heldout, recipe.k) if heldout else {}
-        kl = round(sum(losses) / len(losses), 4) if losses else None
-        losses.clear()
-        curve.append(
-            {
-                "step": step,
-                "train_tokens": seen,
-                "seconds": round(time.perf_counter() - t0, 1),
-                "train_kl": kl,
-                **m,
-            }
-        )
-        overall = m.get("all", {})
-        log(
-            f"step {step}/{total}: {seen} tokens, {curve[-1]['seconds']} s, train KL {kl}, first-acc "
-            f"{overall.get('first_acceptance')}, tokens/step {overall.get('tokens_per_step')}"
-        )
-
-    evaluate()  # the curve's start: the truncated target
-    for _ in range(recipe.epochs):
-        order = list(batches)
-        rng.shuffle(order)
-        for b in order:
-            student.train()
-            loss = kl_loss(student, [train[i] for i in b])
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            losses.append(float(loss.detach()))
-            step += 1
-            seen += sum(len(train[i].tokens) for i in b)
-            if step in eval_at:
-                evaluate()
-            if max_minutes is not None and time.perf_counter() - t0 > max_minutes * 60:
-                capped = True
-                break
-        if capped:
-            break
-    if not curve or curve[-1]["step"] != step:
-        evaluate()
-    student.eval()
-    return {
-        "steps": step,
-        "planned_steps": total,
-        "train_tokens": seen,
-        "time_capped": capped,
-        "train_seconds": round(time.perf_counter() - t0, 1),
-        "curve": curve,
-    }
+    return fit(student, train, batches, loss, metrics, recipe, log, max_minutes, ("train_kl", "train KL"))
 
 
 def train_draft(
@@ -344,26 +263,17 @@ def train_draft(
             f"(target layers {layers}), {cost['params_ratio']:.1%} of the target's weights"
         )
         stats = train_student(student, train, heldout, recipe, say, max_minutes)
-        tmp = build_dir(root, "draft")
-        try:
-            save_student(student, target_dir, tmp)
-            manifest = {
-                "kind": "draft_model",
-                "recipe_version": RECIPE_VERSION,
-                "recipe": asdict(recipe),
-                "target_dir": str(target_dir),
-                "target_files": target_identity(target_dir),
-                "data": data_stats(train, heldout, data_info),
-                "cost": cost,
-                "training": stats,
-                "final": stats["curve"][-1] if stats["curve"] else None,
-                "total_seconds": round(time.perf_counter() - t_start, 1),
-                "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                "torch_threads": torch.get_num_threads(),
-            }
-            publish_build(tmp, out, manifest)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        head_info = {
+            "kind": "draft_model",
+            "recipe_version": RECIPE_VERSION,
+            "recipe": asdict(recipe),
+            "target_dir": str(target_dir),
+            "target_files": target_identity(target_dir),
+            "data": data_stats(train, heldout, data_info),
+            "cost": cost,
+        }
+        publish_drafter(
+            root, out, "draft", lambda d: save_student(student, target_dir, d), head_info, stats, t_start
+        )
     say(f"distilled draft for {recipe.target}: saved at {out}")
     return out

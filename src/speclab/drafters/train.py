@@ -17,12 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-import random
-import resource
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,14 +32,16 @@ from speclab.drafters.data import (
     TOPK,
     Sequence,
     build_sequences,
+    collate_topk,
     eval_prompts,
     training_prompts,
 )
 from speclab.drafters.evaluate import collate, replay_metrics
+from speclab.drafters.loop import fit, publish_drafter
 from speclab.errors import SpeclabError
 from speclab.models.dflash import default_aux_layers
 from speclab.models.eagle3 import Eagle3Head, head_config
-from speclab.models.prepare import MANIFEST, file_checksums, publish_build
+from speclab.models.prepare import MANIFEST, file_checksums
 
 RECIPE_VERSION = "1"
 
@@ -167,8 +164,6 @@ def ttt_loss(
     tokens, feats, labels, valid = collate(seqs)
     soft = None
     if soft_weight > 0:
-        from speclab.drafters.distill import collate_topk
-
         _, _, top_ids, top_vals = collate_topk(seqs)
         # draft ids of the target's top-k (-1 outside the draft vocabulary, which gets no probability)
         top_draft = head.t2d_index[top_ids]
@@ -204,62 +199,18 @@ def train_head(
     log: Any,
     max_minutes: float | None = None,
 ) -> dict[str, Any]:
-    """AdamW with warmup + cosine decay over a fixed number of steps; returns training statistics."""
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0)
-    rng = random.Random(recipe.seed)
-    per_epoch = math.ceil(len(train) / recipe.batch_size)
-    total = max(per_epoch * recipe.epochs, 1)
-    warm = max(total // 20, 1)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warm, 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0))))
-    )
-    eval_at = {round(total * i / recipe.evals) for i in range(1, recipe.evals + 1)}
-    curve: list[dict[str, Any]] = []
-    t0, seen, step, capped = time.perf_counter(), 0, 0, False
+    """TTT over length-bucketed batches of recipe.batch_size sequences, in the shared loop (drafters.loop);
+    returns training statistics and the held-out acceptance curve."""
+    order = sorted(range(len(train)), key=lambda i: (len(train[i].tokens), i))  # less padding
+    batches = [order[i : i + recipe.batch_size] for i in range(0, len(order), recipe.batch_size)]
 
-    def evaluate() -> None:
-        m = replay_metrics(head, heldout, recipe.k) if heldout else {}
-        curve.append({"step": step, "train_tokens": seen, "seconds": round(time.perf_counter() - t0, 1), **m})
-        overall = m.get("all", {})
-        log(
-            f"step {step}/{total}: {seen} tokens, {curve[-1]['seconds']} s, first-acc "
-            f"{overall.get('first_acceptance')}, tokens/step {overall.get('tokens_per_step')}"
-        )
+    def loss(seqs: list[Sequence]) -> torch.Tensor:
+        return ttt_loss(head, seqs, recipe.k, recipe.step_weights, recipe.soft_weight)
 
-    evaluate()  # the curve's start: the early-exit init
-    for _ in range(recipe.epochs):
-        # length-bucketed batches (less padding), in a seeded order
-        order = sorted(range(len(train)), key=lambda i: (len(train[i].tokens), i))
-        batches = [order[i : i + recipe.batch_size] for i in range(0, len(order), recipe.batch_size)]
-        rng.shuffle(batches)
-        for b in batches:
-            head.train()
-            loss = ttt_loss(head, [train[i] for i in b], recipe.k, recipe.step_weights, recipe.soft_weight)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            step += 1
-            seen += sum(len(train[i].tokens) for i in b)
-            if step in eval_at:
-                evaluate()
-            if max_minutes is not None and time.perf_counter() - t0 > max_minutes * 60:
-                capped = True
-                break
-        if capped:
-            break
-    if not curve or curve[-1]["step"] != step:
-        evaluate()
-    return {
-        "steps": step,
-        "planned_steps": total,
-        "train_tokens": seen,
-        "time_capped": capped,
-        "train_seconds": round(time.perf_counter() - t0, 1),
-        "curve": curve,
-    }
+    def metrics() -> dict[str, Any]:
+        return replay_metrics(head, heldout, recipe.k) if heldout else {}
+
+    return fit(head, train, batches, loss, metrics, recipe, log, max_minutes)
 
 
 def target_path(target: str, prepare: bool = True) -> Path:
@@ -396,15 +347,6 @@ def data_stats(train: list[Sequence], heldout: list[Sequence], info: dict[str, A
     }
 
 
-def build_dir(root: Path, kind: str) -> Path:
-    """A fresh build directory beside the cache entry, readable like any directory (mkdtemp makes 0700)."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{kind}-build-", dir=root))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
-    return tmp
-
-
 def _train_locked(
     recipe: EagleRecipe,
     model: Any,
@@ -433,28 +375,14 @@ def _train_locked(
     )
     stats = train_head(head, train, heldout, recipe, say, max_minutes)
 
-    tmp = build_dir(root, "eagle3")
-    try:
-        head.save(tmp)
-        manifest = {
-            "kind": "eagle3",
-            "recipe_version": RECIPE_VERSION,
-            "recipe": asdict(recipe),
-            "target_dir": str(target_dir),
-            "target_files": target_identity(target_dir),
-            "data": {
-                **data_stats(train, heldout, data_info),
-                "draft_vocab_coverage_heldout": round(coverage, 4),
-            },
-            "training": stats,
-            "final": stats["curve"][-1] if stats["curve"] else None,
-            "total_seconds": round(time.perf_counter() - t_start, 1),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "torch_threads": torch.get_num_threads(),
-        }
-        publish_build(tmp, out, manifest)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    head_info = {
+        "kind": "eagle3",
+        "recipe_version": RECIPE_VERSION,
+        "recipe": asdict(recipe),
+        "target_dir": str(target_dir),
+        "target_files": target_identity(target_dir),
+        "data": {**data_stats(train, heldout, data_info), "draft_vocab_coverage_heldout": round(coverage, 4)},
+    }
+    publish_drafter(root, out, "eagle3", head.save, head_info, stats, t_start)
     say(f"eagle3 head for {recipe.target}: saved at {out}")
     return out
