@@ -23,7 +23,7 @@ from speclab.engine.protocol import (
     read_results,
     write_job,
 )
-from speclab.engine.worker import llm_kwargs, speculative_config
+from speclab.engine.settings import llm_kwargs, speculative_config
 from speclab.errors import ConfigError
 
 

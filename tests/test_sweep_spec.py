@@ -247,7 +247,7 @@ def test_proposer_options_only_where_they_are_read():
     e = [m for m in ok.methods if m.name == "eagle3"][0]
     assert e.options["proposer_options"] == {"kmax": 4}
     from speclab.engine.protocol import EngineSpec
-    from speclab.engine.worker import speculative_config
+    from speclab.engine.settings import speculative_config
 
     spec = EngineSpec(target="/t", method="eagle3", k=8, options=dict(e.options))
     cfg = speculative_config(spec, "/h")

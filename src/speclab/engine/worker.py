@@ -11,15 +11,14 @@ per-request detailed spec-decode metrics on, stats logging on (for llm.get_metri
 Exit status: 0 when every cell ran (individual cells may still have status "failed"), 1 when the engine
 could not start (every cell is then written as failed with the reason), 2 for an invalid job file.
 
-Size: about 470 lines; it is one process's life (build the engine, warm up, drive cells step by step, the
-gate loop for repeats). Measuring helpers are in engine/measure.py and engine/instrument.py.
+It is one process's life (build the engine, warm up, drive cells step by step, the gate loop for repeats).
+The engine's settings (paths, vLLM arguments) are in engine/settings.py; measuring helpers in
+engine/measure.py and engine/instrument.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import sys
@@ -51,11 +50,10 @@ from speclab.engine.protocol import (
     gate_ready_path,
     read_job,
 )
+from speclab.engine.settings import llm_kwargs, resolve_paths
 from speclab.errors import SpeclabError
 from speclab.methods.catalog import (
-    DRAFTER_CHECKPOINT_METHODS,
     MODEL_BASED,
-    SAME_TOKENIZER_METHODS,
     is_hybrid,
     trace_method_name,
 )
@@ -63,87 +61,6 @@ from speclab.timings import append_timings
 
 # engine steps in a row without a new token or a finished request before drive() gives up
 MAX_IDLE_STEPS = 10_000
-
-
-# --- configuration -------------------------------------------------------------------------------------
-
-
-def resolve_paths(spec: EngineSpec) -> tuple[str, str | None]:
-    """Target and drafter as local paths (or hub ids), checked before any model loads."""
-    from speclab.models import check_same_tokenizer, resolve_model
-
-    target = str(resolve_model(spec.target, spec.dtype if spec.dtype != "float16" else "float32"))
-    drafter: str | None = None
-    if spec.method in DRAFTER_CHECKPOINT_METHODS:
-        drafter = str(
-            resolve_model(spec.options["model"], spec.dtype if spec.dtype != "float16" else "float32")
-        )
-        if spec.method in SAME_TOKENIZER_METHODS or (Path(drafter) / "tokenizer.json").is_file():
-            check_same_tokenizer(target, drafter)
-    elif spec.method == "suffix":
-        if importlib.util.find_spec("arctic_inference") is None:
-            raise SpeclabError(
-                "method suffix needs the arctic-inference package: pip install arctic-inference "
-                "(builds from source in ~1.5 min; scripts/setup.sh installs it)"
-            )
-    elif spec.method == "custom_class":
-        dotted = str(spec.options["model"])
-        mod_name, _, cls_name = dotted.rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(mod_name), cls_name) if mod_name else None
-        except ImportError as exc:
-            raise SpeclabError(f"custom_class {dotted}: cannot import {mod_name}: {exc}") from None
-        except AttributeError:
-            cls = None
-        if cls is None:
-            raise SpeclabError(
-                f"custom_class {dotted}: no class {cls_name!r} (need package.module.ClassName)"
-            )
-    return target, drafter
-
-
-def speculative_config(spec: EngineSpec, drafter: str | None) -> dict[str, Any] | None:
-    if spec.method == "none":
-        return None
-    cfg: dict[str, Any] = {k: v for k, v in spec.options.items() if k not in ("model", "proposer_options")}
-    cfg["method"] = spec.method
-    cfg["num_speculative_tokens"] = spec.k
-    if is_hybrid(spec.method, spec.options):
-        # speclab's hybrid (speclab.methods.hybrid_live) drafts after the step's bookkeeping, with
-        # per-request draft counts: vLLM's unpadded drafter path
-        cfg["disable_padded_drafter_batch"] = True
-    if drafter is not None:
-        cfg["model"] = drafter
-    elif spec.method == "custom_class":
-        cfg["model"] = spec.options["model"]
-    return cfg
-
-
-def llm_kwargs(spec: EngineSpec, target: str, drafter: str | None) -> dict[str, Any]:
-    kw: dict[str, Any] = {
-        "model": target,
-        "dtype": spec.dtype,
-        "seed": spec.seed,
-        "max_model_len": spec.max_model_len,
-        "max_num_seqs": spec.max_num_seqs,
-        "enforce_eager": spec.enforce_eager,
-        "enable_prefix_caching": False,
-        "disable_log_stats": False,
-        "async_scheduling": False,
-        "distributed_executor_backend": "uni",
-    }
-    if not float(spec.kv_cache_gib).is_integer():
-        # vLLM's CPU build reads VLLM_CPU_KVCACHE_SPACE as a whole number of GiB (int("0.5") fails at start-up);
-        # a fractional size goes through the engine argument it sets instead (see engine.launch.kv_cache_env)
-        kw["kv_cache_memory_bytes"] = int(spec.kv_cache_gib * 2**30)
-    sc = speculative_config(spec, drafter)
-    if sc is not None:
-        kw["speculative_config"] = sc
-        kw["per_request_spec_decode_metrics"] = "detailed"
-    kw.update(spec.llm_kwargs)
-    if int(kw.get("tensor_parallel_size", 1)) > 1 and "distributed_executor_backend" not in spec.llm_kwargs:
-        kw.pop("distributed_executor_backend")  # tensor parallel needs vLLM's multiprocess executor
-    return kw
 
 
 # --- the engine ----------------------------------------------------------------------------------------
