@@ -304,6 +304,42 @@ def fit_cost_model_report(
             f"engine offsets divided out: {len(files)} engine files, factors "
             f"{fac.min():.3f}-{fac.max():.3f} (median engine = 1)"
         )
+    target = _fit_target(data, target_form, table_bins, where, rep)
+    drafts = _fit_drafts(data, target, draft_form, rep)
+    overhead = float(data["overhead"][:, 4].mean()) if "overhead" in data else 0.0
+    per_request = per_spec = 0.0
+    if overhead_form == "linear" and "overhead" in data:
+        overhead, per_request, per_spec = fit_overhead_linear(data["overhead"])
+    if "overhead" not in data:
+        rep.notes.append("no 'overhead' rows: per-step overhead set to 0")
+    zero = [f"target.{k}" for k in ("kv", "batched", "const") if getattr(target, k) == 0]
+    if target_form != "linear":
+        zero = [z for z in zero if z != "target.batched"]  # 0 below the knee is the weights-bound shape
+    zero += [f"draft.{m}.{k}" for m, d in drafts.items() for k in DRAFT_KEYS[d.form] if getattr(d, k) == 0]
+    if zero:
+        rep.notes.append(
+            f"coefficient(s) fitted as 0 (held at 0 where a free fit went negative): {', '.join(zero)} "
+            "(too few or too narrow timings?)"
+        )
+    model = CostModel(
+        name=name or os.path.splitext(os.path.basename(os.path.normpath(str(paths[0]))))[0],
+        description="fitted by least squares from "
+        + ", ".join(os.path.basename(os.path.normpath(str(p))) for p in paths),
+        source=where,
+        target=target,
+        draft=drafts,
+        overhead_per_step=overhead,
+        switch_overhead=0.0,
+        overhead_per_request=per_request,
+        overhead_per_spec_token=per_spec,
+    )
+    return model.validate(f"cost model fitted from {where}"), rep
+
+
+def _fit_target(
+    data: dict[str, np.ndarray], target_form: str, table_bins: bool, where: str, rep: FitReport
+) -> TargetCost:
+    """The target forward's cost in `target_form` (see fit_cost_model_report); its r2 and notes go to `rep`."""
     t = data["target"]
     kv, bt, ns, nr, sec = (t[:, i] for i in range(5))
     if target_form == "linear":
@@ -328,6 +364,14 @@ def fit_cost_model_report(
             f"piecewise target fitted on {int(dec.sum())} decode/verify rows of {len(dec)} (prefills left out)"
         )
     rep.r2["target"] = r2
+    return target
+
+
+def _fit_drafts(
+    data: dict[str, np.ndarray], target: TargetCost, draft_form: str, rep: FitReport
+) -> dict[str, DraftCost]:
+    """Each proposer's drafting cost (lookups as a share of the verify time, model proposers in
+    `draft_form`); each one's r2 goes to `rep`."""
     drafts: dict[str, DraftCost] = {}
     for kind, rows in sorted(data.items()):
         if not kind.startswith("draft:"):
@@ -358,31 +402,4 @@ def fit_cost_model_report(
             )
             pred = x @ c
         rep.r2[kind] = _r2(sec, pred)
-    overhead = float(data["overhead"][:, 4].mean()) if "overhead" in data else 0.0
-    per_request = per_spec = 0.0
-    if overhead_form == "linear" and "overhead" in data:
-        overhead, per_request, per_spec = fit_overhead_linear(data["overhead"])
-    if "overhead" not in data:
-        rep.notes.append("no 'overhead' rows: per-step overhead set to 0")
-    zero = [f"target.{k}" for k in ("kv", "batched", "const") if getattr(target, k) == 0]
-    if target_form != "linear":
-        zero = [z for z in zero if z != "target.batched"]  # 0 below the knee is the weights-bound shape
-    zero += [f"draft.{m}.{k}" for m, d in drafts.items() for k in DRAFT_KEYS[d.form] if getattr(d, k) == 0]
-    if zero:
-        rep.notes.append(
-            f"coefficient(s) fitted as 0 (held at 0 where a free fit went negative): {', '.join(zero)} "
-            "(too few or too narrow timings?)"
-        )
-    model = CostModel(
-        name=name or os.path.splitext(os.path.basename(os.path.normpath(str(paths[0]))))[0],
-        description="fitted by least squares from "
-        + ", ".join(os.path.basename(os.path.normpath(str(p))) for p in paths),
-        source=where,
-        target=target,
-        draft=drafts,
-        overhead_per_step=overhead,
-        switch_overhead=0.0,
-        overhead_per_request=per_request,
-        overhead_per_spec_token=per_spec,
-    )
-    return model.validate(f"cost model fitted from {where}"), rep
+    return drafts
