@@ -519,13 +519,13 @@ def test_repeat_crash_fails_only_that_repeat_and_engine_restarts(tmp_path, fake_
 def test_a_sweep_beside_a_cpu_hog_says_cannot_tell_not_sd_off(tmp_path, fake_env, monkeypatch):
     """Issue 10's case with the fake worker: the quiet run says "use SD"; the same sweep beside a CPU hog
     (every cell reports high CPU pressure, and SD measures below 1.0x) says "cannot tell", not "SD off"."""
-    import speclab.bench.interleave as interleave
+    import speclab.bench.repeat_units as repeat_units
     import speclab.bench.results as results
     from speclab.report.recommend import CANNOT_TELL, recommendations
 
     # this machine's own load must not decide the test: the runner sees a quiet host
     monkeypatch.setattr(results, "loadavg", lambda: 0.1)
-    monkeypatch.setattr(interleave, "loadavg", lambda: 0.1)
+    monkeypatch.setattr(repeat_units, "loadavg", lambda: 0.1)
     spec, _ = spec_of(REPEATS_SWEEP, tmp_path)
     run_sweep(spec, tmp_path / "quiet", fake_prompts, progress=False, echo=lambda s: None, poll_s=0.02)
     quiet = recommendations(load_rows(tmp_path / "quiet"), None)

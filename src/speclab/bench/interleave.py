@@ -22,18 +22,14 @@ import contextlib
 import subprocess
 import time
 from dataclasses import dataclass, field, replace
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from speclab.bench.attempts import Attempt, new_attempt
 from speclab.bench.cells import Cell, EngineGroup
-from speclab.bench.progress import format_cell_line
-from speclab.bench.repeats import add_run, apply_pairs, run_entry, split_unit, unit_id
+from speclab.bench.repeats import split_unit, unit_id
+from speclab.bench.strategy import SweepHost
 from speclab.engine.launch import ResultTail, describe_exit, launch_worker, log_tail, stop_worker
-from speclab.engine.measure import loadavg
-from speclab.engine.protocol import GATE_DONE, CellResult, gate_ready_path
-
-if TYPE_CHECKING:
-    from speclab.bench.runner import SweepRunner
+from speclab.engine.protocol import GATE_DONE, gate_ready_path
 
 
 @dataclass
@@ -69,8 +65,8 @@ def unit_groups(groups: list[EngineGroup], missing: dict[str, list[int]]) -> lis
 
 
 class Interleaver:
-    def __init__(self, runner: SweepRunner, groups: list[EngineGroup]) -> None:
-        self.r = runner
+    def __init__(self, host: SweepHost, groups: list[EngineGroup]) -> None:
+        self.r = host
         self.states = [_GroupState(g) for g in groups]  # baseline engines first (group_engines)
 
     def order(self) -> list[tuple[_GroupState, Cell]]:
@@ -106,26 +102,25 @@ class Interleaver:
     # --- one unit -----------------------------------------------------------------------------------------
     def _unit(self, st: _GroupState, unit: Cell) -> None:
         r = self.r
-        assert r.store is not None and r._progress is not None
         uid = unit.cell_id
         if uid in st.done:
             return
         cid, rep = split_unit(uid)
-        if rep > 1 and not r.store.is_ok(cid):
+        if rep > 1 and not r.cell_ok(cid):
             # repeat 1 failed: the cell has no row to add repeats to
-            r._drop_unit(unit)
+            r.drop_unit(unit)
             return
         if st.dead is not None:
-            r._fail_unit(unit, st.group, st.dead)
+            r.fail_unit(unit, st.group, st.dead)
             return
         live = self._ensure(st)
         if live is None or uid in st.done:  # the engine did not start (its failed results are in)
             if uid not in st.done:
-                r._fail_unit(unit, st.group, st.dead or "engine did not start")
+                r.fail_unit(unit, st.group, st.dead or "engine did not start")
             return
         with open(live.att.gate_path, "a") as fh:
             fh.write(uid + "\n")
-        r._progress.status(f"{unit.method.label} {unit.workload} b{unit.batch_size} repeat {rep}")
+        r.progress.status(f"{unit.method.label} {unit.workload} b{unit.batch_size} repeat {rep}")
         last = time.time()
         while True:
             rc = live.proc.poll()
@@ -143,25 +138,24 @@ class Interleaver:
                 self._take(st, live)
                 self._crashed(st, unit, f"no cell finished within {r.cell_timeout_s:.0f} s (hung? stopped)")
                 return
-            r._progress.tick()
+            r.progress.tick()
             time.sleep(r.poll_s)
 
     def _crashed(self, st: _GroupState, unit: Cell, reason: str) -> None:
         assert st.live is not None
         self._close(st, polite=False)
         st.done.add(unit.cell_id)
-        self.r._fail_unit(unit, st.group, reason)
+        self.r.fail_unit(unit, st.group, reason)
         st.crashes += 1
         if st.crashes >= 2:
             st.dead = f"not run: engine failed twice in a row ({reason})"
         else:
-            self.r._progress.line(f"  restarting engine {st.group.engine_id} for its remaining units")
+            self.r.progress.line(f"  restarting engine {st.group.engine_id} for its remaining units")
 
     # --- workers ------------------------------------------------------------------------------------------
     def _ensure(self, st: _GroupState) -> _Live | None:
         """The group's running worker, started (and warm) if needed; None when it cannot start."""
         r = self.r
-        assert r._progress is not None
         if st.live is not None and st.live.proc.poll() is None:
             return st.live
         if st.live is not None:
@@ -170,11 +164,10 @@ class Interleaver:
             remaining = [u for u in st.group.cells if u.cell_id not in st.done]
             if not remaining:
                 return None
-            prompt_sets = {u.workload: r._prompts_for(u.workload) for u in remaining}
+            prompt_sets = {u.workload: r.prompts_for(u.workload) for u in remaining}
             att = new_attempt(r.run_dir, st.group, remaining, prompt_sets, gated=True)
-            r._progress.status(f"{st.group.engine_id}: starting engine")
-            if r._eta is not None:
-                r._eta.launched(st.group)
+            r.progress.status(f"{st.group.engine_id}: starting engine")
+            r.launched(st.group)
             log = open(att.log_path, "wb")  # noqa: SIM115 - closed in _close
             proc = launch_worker(
                 att.job_path.resolve(),
@@ -188,7 +181,7 @@ class Interleaver:
                 if r.cell_timeout_s and time.time() - st.live.started > r.cell_timeout_s:
                     stop_worker(proc)
                     break
-                r._progress.tick()
+                r.progress.tick()
                 time.sleep(r.poll_s)
             if ready.exists() and proc.poll() is None:
                 return st.live
@@ -207,7 +200,7 @@ class Interleaver:
 
     def _take(self, st: _GroupState, live: _Live) -> bool:
         before = set(live.att.done)
-        self.r._take_results(live.att, live.tail, live.started)
+        self.r.take_results(live.att, live.tail, live.started)
         new = live.att.done - before
         st.done |= new
         return bool(new)
@@ -226,76 +219,3 @@ class Interleaver:
         with contextlib.suppress(Exception):
             self._take(st, live)
         live.log.close()
-
-
-class RepeatUnits:
-    """The sweep runner's handling of repeats r > 1 (mixed into SweepRunner; uses its store and progress)."""
-
-    spec: Any
-    store: Any
-    cells: list[Cell]
-    by_id: dict[str, Cell]
-    counts: dict[str, int]
-    _progress: Any
-    _eta: Any
-
-    def _fail(self, cell: Cell, g: EngineGroup, reason: str) -> None:  # SweepRunner's
-        raise NotImplementedError
-
-    def _ingest_repeat(self, cell: Cell, res: CellResult, rep: int, count: str | None) -> None:
-        """Add repeat `rep` of a cell to its row: the throughput median, spread and matched-pair speedups of
-        the row (and, for a baseline, of the SD rows paired with it) are brought up to date."""
-        assert self.store is not None
-        row = self.store.rows.get(cell.cell_id)
-        line = f"  {cell.method.label:<16} {cell.workload:<20} {cell.batching[:4]} b{cell.batch_size:<4}"
-        if res.status != "ok" or row is None or row.get("status") != "ok":
-            self.counts[count or "failed"] += 1
-            if self._progress is not None:
-                self._progress.line(f"{line} repeat {rep} FAILED: {res.error or 'repeat 1 is not ok'}")
-                self._progress.advance()
-            return
-        add_run(row, run_entry(res, rep, loadavg()))
-        changed = [row]
-        if cell.is_baseline:
-            for c in self.cells:
-                r = self.store.rows.get(c.cell_id)
-                if not c.is_baseline and c.baseline_key == cell.baseline_key and r and r.get("runs"):
-                    changed.append(r)
-        for r in changed:
-            base = self._baseline_row(self.by_id[r["cell_id"]]) if r["method"] != "none" else None
-            if base is not None:
-                apply_pairs(r, base)
-            self.store.put(r)
-        self.counts[count or "ok"] += 1
-        if self._progress is not None:
-            tput = row["runs"][-1]["throughput_tok_s"] if row["runs"] else None
-            self._progress.line(
-                format_cell_line(row) + f"  [repeat {rep}/{self.spec.repeats}: {tput or 0:.1f} tok/s]"
-            )
-            self._progress.advance()
-
-    def _baseline_row(self, cell: Cell) -> dict[str, Any] | None:
-        """The ok row of the cell's no-SD cell, if any."""
-        assert self.store is not None
-        base = next((c for c in self.cells if c.is_baseline and c.baseline_key == cell.baseline_key), None)
-        row = self.store.rows.get(base.cell_id) if base is not None else None
-        return row if row is not None and row.get("status") == "ok" else None
-
-    def _fail_unit(self, unit: Cell, g: EngineGroup, reason: str) -> None:
-        """A unit that did not run: repeat 1 fails its cell's row; a later repeat is counted failed."""
-        cid, rep = split_unit(unit.cell_id)
-        if rep == 1:
-            self._fail(self.by_id[cid], g, reason)
-            return
-        if self._eta is not None:
-            self._eta.cell_dropped(unit)
-        self._ingest_repeat(
-            self.by_id[cid], CellResult(cell_id=unit.cell_id, status="failed", error=reason), rep, None
-        )
-
-    def _drop_unit(self, unit: Cell) -> None:
-        """A later repeat of a cell whose repeat 1 failed: nothing to measure it against; not run."""
-        if self._eta is not None:
-            self._eta.cell_dropped(unit)
-        if self._progress is not None:
-            self._progress.advance()

@@ -9,7 +9,7 @@ worker resolves a preset name in that node's $SPECLAB_CACHE).
 
 Driver side (`RayDispatcher`): for each engine it makes the attempt directory exactly as the serial path does
 (RUN/engines/<engine>/attempt-<n>/job.json), appends each streamed line to that attempt's cells.jsonl and
-timings.csv, and hands it to the runner's own ingest (`SweepRunner._take_results`). So results.jsonl,
+timings.csv, and hands it to the runner's own ingest (`SweepHost.take_results`, bench/strategy.py). So results.jsonl,
 traces and resume are those of the serial path, and a killed driver resumes from them.
 
 Resources: an engine on a GPU cluster asks for `num_gpus = tensor_parallel_size`; on CPUs it asks for one
@@ -22,7 +22,7 @@ a replayed stream whose length differs), so tasks run with max_retries=0 and the
 when Ray loses a task (its worker process or node died) it submits a new task for the cells still missing
 (the done set left out), without failing the cell that was in flight; after LOST_RETRIES losses in a row
 without a finished cell the engine's cells fail. A crash of the engine worker itself (exit status, hang) is
-treated as in the serial path (`SweepRunner._attempt_over`).
+treated as in the serial path (`SweepHost.attempt_over`).
 """
 
 from __future__ import annotations
@@ -37,18 +37,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from speclab.bench.attempts import Attempt, new_attempt
 from speclab.bench.cells import Cell, EngineGroup
 from speclab.bench.repeats import split_unit
+from speclab.bench.strategy import SweepHost
 from speclab.engine.launch import ResultTail, describe_exit, launch_worker, log_tail, stop_worker
 from speclab.engine.protocol import EngineSpec
 from speclab.errors import ConfigError
 from speclab.raycluster import ray_cluster
-
-if TYPE_CHECKING:
-    from speclab.bench.runner import SweepRunner
 
 ENGINE_RESOURCE = "speclab_engine"
 LOST_RETRIES = 3  # Ray losing an engine's task this many times in a row without a finished cell: give up
@@ -268,10 +266,10 @@ class RayDispatcher:
     """Runs the runner's pending engine groups as Ray tasks and ingests their cells as they stream in."""
 
     def __init__(
-        self, runner: SweepRunner, groups: list[EngineGroup], address: str, layer: TaskLayer | None = None
+        self, host: SweepHost, groups: list[EngineGroup], address: str, layer: TaskLayer | None = None
     ) -> None:
-        self.r = runner
-        self.groups = [_in_rounds(g, runner.spec.workloads) for g in groups]
+        self.r = host
+        self.groups = [_in_rounds(g, host.spec.workloads) for g in groups]
         self.address = address
         self.layer = layer
         self.live: dict[int, _Task] = {}  # id(handle) -> task
@@ -298,8 +296,7 @@ class RayDispatcher:
                     task = self.live.get(id(handle))
                     if task is not None:
                         self._event(task, kind, payload, requests[task.group.engine_id])
-                assert self.r._progress is not None
-                self.r._progress.tick()
+                self.r.progress.tick()
         finally:
             for t in self.live.values():  # interrupted: the engines stop with their tasks
                 layer.cancel(t.handle)
@@ -308,24 +305,22 @@ class RayDispatcher:
 
     def _submit(self, g: EngineGroup, cells: list[Cell], request: dict[str, Any]) -> None:
         r = self.r
-        assert self.layer is not None and r._progress is not None
-        prompt_sets = {c.workload: r._prompts_for(c.workload) for c in cells}
+        assert self.layer is not None
+        prompt_sets = {c.workload: r.prompts_for(c.workload) for c in cells}
         att = new_attempt(r.run_dir, g, cells, prompt_sets)
         job = json.loads(att.job_path.read_text())  # the job as written for this attempt, sent whole
         handle = self.layer.submit(job, request, r.cell_timeout_s)
         self.live[id(handle)] = _Task(g, att, handle, ResultTail(att.cells_path), time.time())
-        if r._eta is not None:
-            r._eta.launched(g)
-        r._progress.status(f"{g.engine_id}: queued on Ray ({len(self.live)} engine task(s) submitted)")
+        r.launched(g)
+        r.progress.status(f"{g.engine_id}: queued on Ray ({len(self.live)} engine task(s) submitted)")
 
     def _event(self, t: _Task, kind: str, payload: Any, request: dict[str, Any]) -> None:
         r = self.r
-        assert r._progress is not None
         eid = t.group.engine_id
         if kind == "item":
             if "node" in payload:
                 t.node = f"{payload['node']} pid {payload['pid']}"
-                r._progress.status(f"{eid}: starting on {t.node}")
+                r.progress.status(f"{eid}: starting on {t.node}")
             if payload.get("cells"):
                 with open(t.att.cells_path, "a") as fh:  # the attempt's record, as the serial worker's
                     fh.write(payload["cells"])
@@ -334,7 +329,7 @@ class RayDispatcher:
             if payload.get("timings"):
                 with open(t.att.dir / "timings.csv", "a") as fh:
                     fh.write(payload["timings"])
-            if payload.get("cells") and r._take_results(t.att, t.tail, t.started):
+            if payload.get("cells") and r.take_results(t.att, t.tail, t.started):
                 self.crashes[eid] = self.lost[eid] = 0
             if "exit" in payload:
                 t.exit = (int(payload["exit"]), str(payload.get("reason") or ""))
@@ -352,14 +347,13 @@ class RayDispatcher:
             rc, reason = 1, "engine task ended without the worker's exit status"
         else:
             rc, reason = t.exit
-        remaining, self.crashes[eid] = r._attempt_over(t.att, rc, reason, self.crashes.get(eid, 0))
+        remaining, self.crashes[eid] = r.attempt_over(t.att, rc, reason, self.crashes.get(eid, 0))
         if remaining:
             self._submit(t.group, remaining, request)
 
     def _lost(self, t: _Task, why: str, request: dict[str, Any]) -> None:
         """Ray lost the task (its worker or node died): the cells it finished are in; run the rest again."""
         r = self.r
-        assert r._progress is not None
         eid = t.group.engine_id
         remaining = [c for c in t.att.cells if c.cell_id not in t.att.done]
         if not remaining:
@@ -367,9 +361,9 @@ class RayDispatcher:
         self.lost[eid] = 0 if t.att.done else self.lost.get(eid, 0) + 1
         if self.lost[eid] > LOST_RETRIES:
             for c in remaining:
-                r._fail_unit(c, t.group, f"not run: Ray lost the engine task {self.lost[eid]} times ({why})")
+                r.fail_unit(c, t.group, f"not run: Ray lost the engine task {self.lost[eid]} times ({why})")
             return
-        r._progress.line(
+        r.progress.line(
             f"  ray lost engine {eid}'s task ({why}); resubmitting its {len(remaining)} remaining cell(s)"
         )
         self._submit(t.group, remaining, request)

@@ -11,14 +11,15 @@ Crash safety: the worker appends one line per finished cell and the runner turns
 as soon as it appears, so killing the runner, the worker or both loses at most the cell in flight; on the next
 run, lines that a worker wrote but the runner never saw are picked up first (nothing is run twice).
 
-Size: about 470 lines; it is one state machine (attempts, ingest, timeouts, resume, the serial, the
-interleaved-repeats and the Ray paths share it). Progress, attempts, launch, repeat bookkeeping and the Ray
-dispatch already live in bench/progress.py, bench/attempts.py, engine/launch.py, bench/interleave.py and
-bench/raybench.py.
+How the engines run is a strategy (bench/strategy.py): one after the other (SerialStrategy), repeats
+interleaved across resident engines (bench/interleave.py) or as Ray tasks (bench/raybench.py); each calls the
+runner's public methods only (SweepHost). Progress, attempts, launch and repeat bookkeeping live in
+bench/progress.py, bench/attempts.py, engine/launch.py and bench/repeat_units.py.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import signal
 import time
@@ -28,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from speclab.atomic import atomic_write_text
-from speclab.bench.attempts import Attempt, finished_results, merge_timings, new_attempt
+from speclab.bench.attempts import Attempt, finished_results, merge_timings
 from speclab.bench.cells import Cell, EngineGroup, expand_cells, group_engines
-from speclab.bench.interleave import Interleaver, RepeatUnits, unit_groups
+from speclab.bench.interleave import Interleaver, unit_groups
 from speclab.bench.preflight import PromptSet
 from speclab.bench.progress import Eta, Progress, format_cell_line
+from speclab.bench.raybench import RayDispatcher
+from speclab.bench.repeat_units import RepeatUnits
 from speclab.bench.repeats import apply_pairs, run_entry, runs_done, split_unit, summarise_runs
 from speclab.bench.results import (
     ResultsStore,
@@ -44,8 +47,9 @@ from speclab.bench.results import (
     write_trace_part,
 )
 from speclab.bench.spec import SweepSpec
-from speclab.engine.launch import ResultTail, describe_exit, launch_worker, log_tail, stop_worker
-from speclab.engine.protocol import CellResult
+from speclab.bench.strategy import EngineStrategy, SerialStrategy
+from speclab.engine.launch import ResultTail
+from speclab.engine.protocol import CellResult, RequestResult
 from speclab.errors import ConfigError
 
 # workload -> rendered prompts (the default renders with the target's tokenizer)
@@ -120,14 +124,30 @@ class SweepRunner(RepeatUnits):
             finally:
                 signal.signal(signal.SIGTERM, old)
 
+    # --- the interface of the strategies (SweepHost, bench/strategy.py) ------------------------------------
+    @property
+    def progress(self) -> Progress:
+        assert self._progress is not None, "the sweep is not running"
+        return self._progress
+
+    def cell_ok(self, cell_id: str) -> bool:
+        assert self.store is not None
+        return self.store.is_ok(cell_id)
+
+    def launched(self, g: EngineGroup) -> None:
+        if self._eta is not None:
+            self._eta.launched(g)
+
+    def engine_done(self, g: EngineGroup) -> None:
+        if self._eta is not None:
+            self._eta.engine_done(g)
+
     # --- internals ---------------------------------------------------------------------------------------
     def _run(self) -> SweepOutcome:
         rd = self.run_dir
         self.store = store = ResultsStore(rd)
         self._write_run_files()
         if self.redo:
-            import fnmatch
-
             again = [c.cell_id for c in self.cells if any(fnmatch.fnmatch(c.cell_id, g) for g in self.redo)]
             if not again:
                 raise ConfigError(f"--redo {' '.join(self.redo)}: matches no cell of this sweep")
@@ -163,16 +183,15 @@ class SweepRunner(RepeatUnits):
         self._eta = Eta(todo, self.spec.enforce_eager)
         n_units = sum(len(g.cells) for g in todo)
         self._progress = Progress(n_units, self.progress_enabled, self.echo, self._eta)
+        strategy: EngineStrategy
+        if self.ray_address is not None:
+            strategy = RayDispatcher(self, todo, self.ray_address)
+        elif interleaved:
+            strategy = Interleaver(self, todo)
+        else:
+            strategy = SerialStrategy(self, todo)
         try:
-            if self.ray_address is not None:
-                from speclab.bench.raybench import RayDispatcher
-
-                RayDispatcher(self, todo, self.ray_address).run()
-            elif interleaved:
-                Interleaver(self, todo).run()
-            for gi, g in enumerate([] if interleaved or self.ray_address is not None else todo, 1):
-                self._run_group(g, gi, len(todo))
-                self._eta.engine_done(g)
+            strategy.run()
         except (KeyboardInterrupt, _Terminated):
             self._progress.line(
                 f"interrupted: completed cells are kept in {rd}; rerun the same command to resume"
@@ -202,7 +221,7 @@ class SweepRunner(RepeatUnits):
             with open(rd / "command.txt", "a") as fh:
                 fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {self.command_line}\n")
 
-    def _prompts_for(self, workload: str) -> PromptSet:
+    def prompts_for(self, workload: str) -> PromptSet:
         ps = self._prompts.get(workload)
         if ps is None:
             ps = self._prompts[workload] = self.prompt_provider(workload)
@@ -235,19 +254,7 @@ class SweepRunner(RepeatUnits):
                 continue
             self._ingest(cell, res, prompts, cats.get(cell.workload, "other"), engine_id, count="recovered")
 
-    def _run_group(self, g: EngineGroup, gi: int, ng: int) -> None:
-        assert self._progress is not None
-        remaining = list(g.cells)
-        no_progress_crashes = 0
-        while remaining:
-            prompt_sets = {c.workload: self._prompts_for(c.workload) for c in remaining}
-            att = new_attempt(self.run_dir, g, remaining, prompt_sets)
-            self._progress.status(f"[engine {gi}/{ng}] {g.engine_id}: starting")
-            rc, tail = self._run_attempt(att)
-            reason = f"engine worker {describe_exit(rc)}" + (f": {tail}" if tail else "")
-            remaining, no_progress_crashes = self._attempt_over(att, rc, reason, no_progress_crashes)
-
-    def _attempt_over(self, att: Attempt, rc: int, reason: str, crashes: int) -> tuple[list[Cell], int]:
+    def attempt_over(self, att: Attempt, rc: int, reason: str, crashes: int) -> tuple[list[Cell], int]:
         """Settle a finished worker run: a crash (OOM, segfault, kill) fails the cell in flight, the one it
         hit; an exit without running a cell fails the cells left. Returns the cells to restart the engine
         for (none: the engine is finished) and the count of crashes in a row without a finished cell.
@@ -260,14 +267,14 @@ class SweepRunner(RepeatUnits):
             return [], 0
         if rc == 0:
             for c in remaining:
-                self._fail_unit(c, g, "the worker exited without running this cell")
+                self.fail_unit(c, g, "the worker exited without running this cell")
             return [], 0
-        self._fail_unit(remaining[0], g, reason)
+        self.fail_unit(remaining[0], g, reason)
         remaining = remaining[1:]
         crashes = 0 if att.done else crashes + 1
         if remaining and crashes >= 2:
             for c in remaining:
-                self._fail_unit(c, g, f"not run: engine failed twice in a row ({reason})")
+                self.fail_unit(c, g, f"not run: engine failed twice in a row ({reason})")
             return [], crashes
         if remaining:
             self._progress.line(
@@ -275,43 +282,7 @@ class SweepRunner(RepeatUnits):
             )
         return remaining, crashes
 
-    def _run_attempt(self, att: Attempt) -> tuple[int, str]:
-        """Run one worker over the attempt's cells, ingesting each result as it appears.
-        Returns the worker's return code and a one-line reason from its log."""
-        assert self._progress is not None
-        g = att.group
-        results = ResultTail(att.cells_path)
-        started = last = time.time()
-        if self._eta is not None:
-            self._eta.launched(g)
-        with open(att.log_path, "wb") as log:
-            proc = launch_worker(
-                att.job_path.resolve(), att.cells_path.resolve(), kv_cache_gib=g.engine.kv_cache_gib, log=log
-            )
-            try:
-                while True:
-                    rc = proc.poll()
-                    if self._take_results(att, results, started):
-                        last = time.time()
-                    if rc is not None:
-                        break
-                    if self.cell_timeout_s and time.time() - last > self.cell_timeout_s:
-                        stop_worker(proc)
-                        rc = proc.returncode if proc.returncode is not None else -9
-                        return rc, f"no cell finished within {self.cell_timeout_s:.0f} s (hung? stopped)"
-                    self._progress.tick()
-                    if not att.done and time.time() - started > 1:
-                        self._progress.status(
-                            f"{g.engine_id}: starting engine ({time.time() - started:.0f}s)"
-                        )
-                    time.sleep(self.poll_s)
-            except BaseException:
-                stop_worker(proc)
-                self._take_results(att, results, started)  # keep what finished while we were stopping
-                raise
-        return rc, log_tail(att.log_path)
-
-    def _take_results(self, att: Attempt, results: ResultTail, started: float) -> bool:
+    def take_results(self, att: Attempt, results: ResultTail, started: float) -> bool:
         """Ingest the attempt's newly finished cells; True if the worker wrote anything new."""
         assert self._progress is not None
         new = results.read()
@@ -417,8 +388,6 @@ class SweepRunner(RepeatUnits):
         before it (e.g. the baseline failed once), and recompute speedups against a re-measured baseline
         (--redo). Token-exactness is taken from the trace parts (first copy of each request)."""
         assert self.store is not None
-        from speclab.engine.protocol import RequestResult
-
         for c in self.cells:
             row = self.store.rows.get(c.cell_id)
             if c.is_baseline or row is None or row.get("status") != "ok":
