@@ -1,4 +1,9 @@
-"""`speclab traces import|export|validate|info`: get traces into a store and see what is in it."""
+"""`speclab traces import|export|validate|info|replay|crosscheck`: get traces into a store, see what is in it,
+replay each method's acceptance over them and cross-check the replay against engine runs.
+
+`replay` and `crosscheck` are the commands of speclab.cli.trace (`speclab trace` and `speclab trace
+crosscheck` stay as their aliases), loaded only when used.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,57 @@ import click
 from speclab.errors import TraceError
 from speclab.traces.model import K_MAX_LIMIT
 
+# replay tracing's subcommands, from speclab.cli.trace (imported when one of them runs)
+REPLAY_COMMANDS = ("replay", "crosscheck")
 
-@click.group(name="traces")
+
+class _TracesGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), *REPLAY_COMMANDS]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "replay":
+            from speclab.cli import trace
+
+            return trace.command
+        if cmd_name == "crosscheck":
+            return _crosscheck
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(name="traces", cls=_TracesGroup)
 def command() -> None:
-    """Import, export, validate and inspect trace stores."""
+    """Import, export, validate and inspect trace stores; replay methods over them and cross-check the
+    replay against engine runs."""
+
+
+@click.command(
+    name="crosscheck",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def _crosscheck(args: tuple[str, ...]) -> None:
+    """Replay vs engine, per method; takes the replay options (--ngram-min, --suffix-*, ...) too."""
+    from speclab.cli import trace
+
+    # the replay options (--ngram-min, --suffix-*, --draft-model, ...) belong to the replay group; the rest
+    # (RUN, --json, --out, --show, --by-workload, --help) to its crosscheck
+    group_opts = {o: p for p in trace.command.params if isinstance(p, click.Option) for o in p.opts}
+    own = {o for p in trace.crosscheck.params for o in p.opts} | {"--help", "-h"}
+    before: list[str] = []
+    after: list[str] = []
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        name = arg.split("=", 1)[0]
+        opt = group_opts.get(name)
+        if opt is None or name in own:
+            after.append(arg)
+            continue
+        before.append(arg)
+        if not opt.is_flag and "=" not in arg and rest:
+            before.append(rest.pop(0))
+    trace.command.main([*before, "crosscheck", *after], prog_name="speclab traces", standalone_mode=False)
 
 
 @command.command(name="import")
