@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from speclab.bench.rows import read_rows
-from speclab.profile.fit import fit_timings_csv
+from speclab.costmodel.holdout import fit_timings_csv
 from speclab.timings import TimingsRow, append_timings, read_timings
 from speclab.validate import validate_run
 

@@ -13,9 +13,9 @@ import pytest
 from speclab.costmodel import CostModel, get_cost_model
 from speclab.costmodel.fit import fit_cost_model_report, fit_forwards, fit_overhead_linear
 from speclab.costmodel.forms import PiecewiseTargetCost
+from speclab.costmodel.holdout import fit_timings_csv
 from speclab.costmodel.model import DraftCost
 from speclab.errors import ConfigError
-from speclab.profile.fit import fit_timings_csv
 from speclab.simulate import simulate
 from speclab.timings import append_timings
 from test_simulate_reference import assert_same, random_traces  # tests/ is on sys.path (pytest prepend mode)
@@ -149,7 +149,7 @@ def test_piecewise_sampled_term_recovered_and_loaded(tmp_path: Path) -> None:
     """The piecewise target's per-sampled-position term (lm_head at every verified position): recovered
     from timings generated with it, charged only where the caller passes sampled positions, saved only when
     non-zero (older piecewise TOMLs load as sampled = 0)."""
-    from speclab.profile.fit import fit_piecewise
+    from speclab.costmodel.holdout import fit_piecewise
 
     true = PiecewiseTargetCost(kv=4e-6, batched=0.0, const=0.023, knee=8.0, batched_hi=1.25e-3, sampled=3e-4)
     rng = np.random.default_rng(5)

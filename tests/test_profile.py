@@ -135,7 +135,7 @@ def test_cli_profile_dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ca
 
 
 def test_fit_timings_csv_cuts_a_run_into_held_out_chunks(tmp_path: Path) -> None:
-    from speclab.profile.fit import fit_timings_csv
+    from speclab.costmodel.holdout import fit_timings_csv
     from speclab.timings import append_timings
 
     rng = np.random.default_rng(3)
@@ -168,7 +168,7 @@ def test_piecewise_fit_never_has_negative_coefficients() -> None:
     cost-model loader refuses negative coefficients; `validate --fit best` failed on a real run this way)."""
     import numpy as np
 
-    from speclab.profile.fit import fit_piecewise
+    from speclab.costmodel.holdout import fit_piecewise
 
     rng = np.random.default_rng(3)
     bt = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512] * 3, dtype=np.float64)

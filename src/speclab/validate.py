@@ -29,6 +29,7 @@ import numpy as np
 from speclab.bench.repeats import load_is_contended, row_pressure
 from speclab.bench.rows import baseline_match, entry_labels, read_rows
 from speclab.costmodel import CostModel, fit_cost_model, get_cost_model
+from speclab.costmodel.holdout import fit_timings_csv
 from speclab.errors import SpeclabError
 from speclab.simulate import simulate
 from speclab.traces import MethodTrace, RequestTrace, read_store
@@ -174,8 +175,6 @@ def _load_cost_model(run: Path, name: str | None, fit: str) -> tuple[CostModel, 
         raise SpeclabError(f"{run}: no timings.csv to fit a cost model from; give --cost-model NAME")
     if fit == "best":
         # the profile's choice of forms (e.g. piecewise target, linear lookup drafting) on held-out steps
-        from speclab.profile.fit import fit_timings_csv
-
         model = fit_timings_csv(path, "run-timings").model
         forms = ", ".join(
             [getattr(model.target, "form", "linear")]

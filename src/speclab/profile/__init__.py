@@ -1,7 +1,7 @@
 """`speclab profile`: measure the real engine's step-time surface and save a fitted, named cost model.
 
 plan.py: the engines and the sparse grid of shapes; run.py: the workers and the timings cut per cell;
-fit.py: the forms fitted on most cells and scored on the held-out ones. docs/validate.md has the details.
+the forms fitted on most cells and scored on the held-out ones: speclab.costmodel.holdout. docs/validate.md has the details.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from speclab.atomic import atomic_write_text
+from speclab.costmodel.holdout import ProfileFit, fit_profile
 from speclab.costmodel.registry import user_dir
 from speclab.errors import ConfigError
-from speclab.profile.fit import ProfileFit, fit_profile
 from speclab.profile.plan import ProfileEngine, parse_methods, plan_profile
 from speclab.profile.run import cell_timings, run_engine
 

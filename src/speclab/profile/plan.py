@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from speclab.costmodel.holdout import HOLDOUT_EVERY
 from speclab.engine.protocol import CellSpec, EngineSpec, Job, PromptSpec
 from speclab.errors import ConfigError
 from speclab.methods.catalog import ENGINE_METHODS
@@ -30,7 +31,6 @@ TARGET_SHAPES: tuple[tuple[int, int], ...] = (
 TARGET_MAX_TOKENS = 12
 DRAFT_SHAPES: tuple[tuple[int, int], ...] = ((1, 64), (1, 512), (4, 64), (8, 128), (16, 32))
 DRAFT_MAX_TOKENS = 24
-HOLDOUT_EVERY = 4  # cells 3, 7, 11, ... of each engine are not used in the fit
 VOCAB_LOW, VOCAB_HIGH = 100, 30_000  # token ids valid in any Llama-family vocabulary
 DEFAULT_OPTIONS: dict[str, dict[str, object]] = {
     "ngram": {"prompt_lookup_min": 2, "prompt_lookup_max": 4},

@@ -25,6 +25,10 @@ class CellTimings:
     cell: ProfileCell
     rows: list[TimingsRow]
 
+    @property
+    def holdout(self) -> bool:
+        return self.cell.holdout
+
 
 def engine_dir(work: Path, eng: ProfileEngine) -> Path:
     return work / "engines" / eng.label

@@ -1,4 +1,5 @@
-"""Fit a cost model to profiled cells and measure its error on the held-out cells.
+"""Fit a cost model to profiled cells and measure its error on the held-out cells (`speclab profile`, and
+`speclab validate` on a bench run's timings).
 
 Target forward: the study's linear form (speclab.costmodel.fit, least squares) and the piecewise form
 (speclab.costmodel.forms; least squares on relative error, the knee chosen from a grid), without and with its
@@ -14,9 +15,10 @@ throughput prediction depends on).
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -32,8 +34,26 @@ from speclab.costmodel.fit import (
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
 from speclab.methods.catalog import MODEL_FREE
-from speclab.profile.run import CellTimings
-from speclab.timings import COLUMNS, TimingsRow, append_timings
+from speclab.timings import COLUMNS, TimingsRow, append_timings, read_timings
+
+HOLDOUT_EVERY = 4  # cells 3, 7, 11, ... (of each profiled engine, or chunks of a timings file) are not fitted
+
+
+class TimedCell(Protocol):
+    """A cell's step timings and whether it is held out of the fit (speclab.profile.run.CellTimings)."""
+
+    rows: list[TimingsRow]
+
+    @property
+    def holdout(self) -> bool: ...
+
+
+@dataclass
+class Chunk:
+    """A run of consecutive steps of a timings file, standing in for a cell."""
+
+    rows: list[TimingsRow]
+    holdout: bool
 
 
 @dataclass
@@ -101,9 +121,9 @@ def _fit_linear_forms(rows: list[TimingsRow], draft_form: str) -> tuple[CostMode
     return model, rep.notes
 
 
-def fit_profile(cells: list[CellTimings], name: str, description: str = "") -> ProfileFit:
+def fit_profile(cells: Sequence[TimedCell], name: str, description: str = "") -> ProfileFit:
     """Fit on the cells not held out, report the error on the held-out ones, keep the better form per kind."""
-    train = [r for c in cells if not c.cell.holdout for r in c.rows]
+    train = [r for c in cells if not c.holdout for r in c.rows]
     if not any(r.kind == "target" for r in train):
         raise ConfigError("profile: no target timings to fit (did every cell fail?)")
     lin, notes = _fit_linear_forms(train, "linear")
@@ -112,7 +132,7 @@ def fit_profile(cells: list[CellTimings], name: str, description: str = "") -> P
 
     def split(kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Training rows, held-out rows and each held-out row's cell index."""
-        held = [(i, r) for i, c in enumerate(cells) if c.cell.holdout for r in c.rows if r.kind == kind]
+        held = [(i, r) for i, c in enumerate(cells) if c.holdout for r in c.rows if r.kind == kind]
         return (
             _arr([r for r in train if r.kind == kind]),
             _arr([r for _, r in held]),
@@ -197,21 +217,19 @@ def _pick(scored: list[FormError]) -> FormError:
 def fit_timings_csv(path: str | Path, name: str, chunk_steps: int = 64) -> ProfileFit:
     """Fit a timings CSV that is not cut into cells (e.g. a bench run's RUN/timings.csv) like a profile:
     consecutive runs of `chunk_steps` steps stand in for cells, every fourth held out."""
-    from speclab.profile.plan import HOLDOUT_EVERY, ProfileCell
-    from speclab.timings import read_timings
-
     rows = read_timings(path)
-    cells: list[CellTimings] = []
+    cells: list[Chunk] = []
     cur: list[TimingsRow] = []
     steps = 0
     for r in rows + [TimingsRow("target", (0.0,) * (len(COLUMNS) - 1), ())]:  # a sentinel closes the last
         if r.kind == "target":
             if steps == chunk_steps or (r.fields == () and cur):
                 i = len(cells)
-                cell = ProfileCell(f"chunk{i}", 0, 0, 0, holdout=i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1)
-                cells.append(CellTimings("run", cell, cur))
+                cells.append(Chunk(cur, holdout=i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1))
                 cur, steps = [], 0
             steps += 1
         if r.fields != ():
             cur.append(r)
-    return fit_profile(cells, name, f"fitted from {path} (speclab.profile.fit: best form on held-out steps)")
+    return fit_profile(
+        cells, name, f"fitted from {path} (speclab.costmodel.holdout: best form on held-out steps)"
+    )
