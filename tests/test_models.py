@@ -123,3 +123,30 @@ def test_tokenizer_mismatch_is_caught_before_loading(smollm2_fp32, tmp_path):
     tok.save_pretrained(str(other))
     with pytest.raises(SpeclabError, match="does not share the target's tokenizer"):
         check_same_tokenizer(smollm2_fp32, other)
+
+
+def test_trained_presets_resolve_through_the_registered_resolver(monkeypatch, tmp_path):
+    import speclab.drafters.named as named
+    import speclab.models.trained as trained
+    from speclab.models import get_preset, list_models, resolve_model
+
+    assert trained._resolver is named  # speclab.drafters registered itself when speclab was imported
+    preset = next(p for p in presets().values() if p.trained)
+    calls: list[tuple[str, bool]] = []
+
+    class Fake:
+        def resolve_trained(self, p, train=True, force=False, log=None):
+            calls.append((p.name, train))
+            return tmp_path
+
+        def trained_dir(self, p):
+            return tmp_path if p.name == preset.name else None
+
+    monkeypatch.setattr(trained, "_resolver", None)
+    trained.register_trained_resolver(Fake())
+    assert resolve_model(preset.name, prepare=False) == tmp_path and calls == [(preset.name, False)]
+    row = next(r for r in list_models() if r["preset"].name == preset.name)
+    assert set(row["prepared"].values()) == {str(tmp_path)}
+    monkeypatch.setattr(trained, "_resolver", None)
+    with pytest.raises(SpeclabError, match=f"model {preset.name}: no trainer of drafters is loaded"):
+        resolve_model(get_preset(preset.name).name, prepare=False)
