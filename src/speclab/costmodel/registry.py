@@ -6,6 +6,7 @@ from pathlib import Path
 
 from speclab.costmodel.model import CostModel
 from speclab.errors import ConfigError
+from speclab.models.prepare import cache_root
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets" / "cost_models"
 
@@ -17,8 +18,6 @@ def list_cost_models() -> list[str]:
 def user_dir() -> Path:
     """Where `speclab profile` saves named cost models (SPECLAB_CACHE or ~/.cache/speclab, /cost_models);
     get_cost_model finds them by name after the presets."""
-    from speclab.models.prepare import cache_root
-
     return cache_root() / "cost_models"
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
+from speclab.costmodel.registry import get_cost_model
 from speclab.errors import ConfigError
 
 DATA = Path(__file__).resolve().parent.parent / "presets" / "roofline.toml"
@@ -158,8 +159,6 @@ def compare(target: str = "llama3.1-8b", hardware: str = "h100", reference: str 
     """Per batch size: one decode/verify forward of B requests each holding `context` KV tokens and
     verifying `tokens_per_request` tokens: the roofline (max), the additive bound and the reference cost
     model's target time (seconds), and the ratios to the reference."""
-    from speclab.costmodel.registry import get_cost_model
-
     hws, archs, _ = load_data()
     a, h = _get(archs, target, "architecture"), _get(hws, hardware, "hardware")
     ref = get_cost_model(reference)
@@ -189,8 +188,6 @@ def main(argv: list[str] | None = None) -> None:
         for p in write_presets():
             print(p)
         return
-    from speclab.costmodel.registry import get_cost_model
-
     a = roofline_cost_model(args.target, args.hardware)
     ref = get_cost_model(args.reference).target
     ref_kv, ref_b, ref_c = ref.kv, ref.batched, ref.const

@@ -48,7 +48,9 @@ from speclab.drafters.train import (
     target_path,
 )
 from speclab.errors import ConfigError
+from speclab.methods.draft_model import DraftModelProposer
 from speclab.models.dflash import default_aux_layers
+from speclab.replay.crosscheck import expected_engine_steps
 
 RECIPE_VERSION = "draft-1"
 # copied from the target so the student is a complete checkpoint with the target's tokenizer
@@ -186,9 +188,6 @@ def token_batches(seqs: list[Sequence], tokens_per_batch: int) -> list[list[int]
 def replay_draft(student: Any, seqs: list[Sequence], k: int) -> dict[str, Any]:
     """Held-out acceptance of a draft model with speclab.methods.draft_model's replay, walked through each
     output as vLLM steps (the walk `trace crosscheck` compares with vLLM), per workload and over all."""
-    from speclab.methods.draft_model import DraftModelProposer
-    from speclab.replay.crosscheck import expected_engine_steps
-
     prop = DraftModelProposer(student)
     by: dict[str, list[int]] = defaultdict(list)
     for s in seqs:

@@ -4,6 +4,9 @@ resolves to the cached directory of that preset's recipe, trained on first use w
 A preset with `source = "distill"` is a DraftRecipe, `source = "train-eagle3"` an EagleRecipe, for the target
 named by `base`, with the preset's optional `[train]` table as recipe fields. The cache key is computed from
 the target's manifest and config alone (no model is loaded to find a trained drafter).
+
+This module is speclab.models' resolver of trained presets and loads with `import speclab`; the trainers
+(torch, transformers) are imported inside its functions, when a trained preset is actually resolved.
 """
 
 from __future__ import annotations

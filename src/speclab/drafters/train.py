@@ -41,7 +41,7 @@ from speclab.drafters.loop import fit, publish_drafter
 from speclab.errors import SpeclabError
 from speclab.models.dflash import default_aux_layers
 from speclab.models.eagle3 import Eagle3Head, head_config
-from speclab.models.prepare import MANIFEST, file_checksums
+from speclab.models.prepare import MANIFEST, cache_root, file_checksums, read_manifest, resolve_model
 
 RECIPE_VERSION = "1"
 
@@ -88,8 +88,6 @@ class EagleRecipe:
 
 
 def drafters_dir(target: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    from speclab.models.prepare import cache_root
-
     return (Path(cache_dir).expanduser() if cache_dir else cache_root() / "drafters") / target
 
 
@@ -116,8 +114,6 @@ def load_target(target: str) -> tuple[Any, Any, Path]:
 
 
 def target_identity(path: Path) -> Any:
-    from speclab.models.prepare import read_manifest
-
     m = read_manifest(path)
     return m["files"] if m else str(path)
 
@@ -215,8 +211,6 @@ def train_head(
 
 def target_path(target: str, prepare: bool = True) -> Path:
     """The fp32 target checkpoint directory (prepared on first use unless prepare=False); loads no model."""
-    from speclab.models.prepare import resolve_model
-
     return resolve_model(target, "float32", prepare=prepare)
 
 

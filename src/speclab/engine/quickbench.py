@@ -19,6 +19,7 @@ from pathlib import Path
 from speclab.engine.launch import launch_worker
 from speclab.engine.protocol import CellResult, CellSpec, EngineSpec, Job, PromptSpec, read_results, write_job
 from speclab.engine.smoke import SMOKE_PROMPTS, render_chat
+from speclab.models import resolve_model
 
 DEFAULT_OPTIONS = {
     "ngram": {"prompt_lookup_min": 2, "prompt_lookup_max": 4},
@@ -47,8 +48,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", default=None, help="drafter for draft_model (default smollm2-135m-draft-l8)")
     ap.add_argument("--out", default=None, help="directory for jobs, results, logs and timings.csv")
     args = ap.parse_args(argv)
-
-    from speclab.models import resolve_model
 
     out = Path(args.out or tempfile.mkdtemp(prefix="speclab-quickbench-"))
     out.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from speclab.engine.launch import kv_cache_env
 from speclab.engine.measure import (
     checkpoint_num_params,
     counters_delta,
@@ -71,8 +72,6 @@ class Engine:
 
     def __init__(self, spec: EngineSpec) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        from speclab.engine.launch import kv_cache_env
-
         for key, value in kv_cache_env(spec.kv_cache_gib).items():
             os.environ.setdefault(key, value)
         self.spec = spec

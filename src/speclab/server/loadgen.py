@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from speclab.atomic import atomic_write_text
 from speclab.errors import SpeclabError
 
 
@@ -44,8 +45,6 @@ def read_prompts(path: str | Path) -> list[dict[str, Any]]:
 
 
 def write_prompts(path: str | Path, prompts: list[tuple[str, list[int]]], max_tokens: int) -> None:
-    from speclab.atomic import atomic_write_text
-
     atomic_write_text(
         path,
         "".join(

@@ -27,6 +27,7 @@ from typing import Any
 
 from speclab.engine.launch import describe_exit, log_tail, spawn_child, worker_env
 from speclab.engine.protocol import EngineSpec
+from speclab.engine.settings import llm_kwargs, resolve_paths
 from speclab.errors import SpeclabError
 from speclab.procs import kill_group
 from speclab.server.metrics import ServerCounters, parse_metrics
@@ -52,8 +53,6 @@ def free_port() -> int:
 
 def serve_config(spec: EngineSpec, target: str, drafter: str | None) -> dict[str, Any]:
     """The worker's vllm.LLM arguments as `vllm serve` config keys (see the module doc for what differs)."""
-    from speclab.engine.worker import llm_kwargs
-
     kw = llm_kwargs(spec, target, drafter)
     kw.pop("model")
     kw.pop("per_request_spec_decode_metrics", None)
@@ -119,8 +118,6 @@ class Server:
         return f"http://{HOST}:{self.port}"
 
     def start(self) -> None:
-        from speclab.engine.worker import resolve_paths
-
         self.target, self.drafter = resolve_paths(self.spec)
         self.workdir.mkdir(parents=True, exist_ok=True)
         cfg = self.workdir / "serve.yaml"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from speclab.engine.measure import loadavg
+from speclab.errors import SpeclabError
 from speclab.server.metrics import ServerCounters
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -42,8 +43,6 @@ def _num(v: Any) -> float | None:
 
 
 def read_result(path: Path) -> dict[str, Any]:
-    from speclab.errors import SpeclabError
-
     try:
         d = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
