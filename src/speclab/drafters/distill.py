@@ -25,7 +25,6 @@ import copy
 import hashlib
 import json
 import shutil
-import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,10 +32,9 @@ from typing import Any
 
 import torch
 
-from speclab.atomic import exclusive_lock
 from speclab.drafters.data import Sequence, collate_topk
 from speclab.drafters.evaluate import summarize_steps
-from speclab.drafters.loop import fit, publish_drafter
+from speclab.drafters.loop import cache_entry, fit, manifest_head, publish_drafter, start_run, target_identity
 from speclab.drafters.train import (
     DEFAULT_WORKLOADS,
     data_stats,
@@ -44,7 +42,6 @@ from speclab.drafters.train import (
     is_trained,
     load_data,
     load_target,
-    target_identity,
     target_path,
 )
 from speclab.errors import ConfigError
@@ -233,15 +230,10 @@ def train_draft(
 ) -> Path:
     """Train (or find cached) the distilled draft model for recipe.target; returns its checkpoint directory."""
     say = log or (lambda msg: None)
-    torch.manual_seed(recipe.seed)
-    if threads:
-        torch.set_num_threads(threads)
-    t_start = time.perf_counter()
+    t_start = start_run(recipe.seed, threads)
     target_dir, key = draft_key(recipe)
     root = drafters_dir(recipe.target, cache_dir)
-    out = root / f"draft-{key}"
-    root.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(root / f".draft-{key}.lock"):  # one training per recipe; a waiter finds it cached
+    with cache_entry(root, f"draft-{key}") as out:
         if not force and is_trained(out, version=RECIPE_VERSION):
             say(f"distilled draft for {recipe.target}: up to date at {out}")
             return out
@@ -262,15 +254,10 @@ def train_draft(
             f"(target layers {layers}), {cost['params_ratio']:.1%} of the target's weights"
         )
         stats = train_student(student, train, heldout, recipe, say, max_minutes)
-        head_info = {
-            "kind": "draft_model",
-            "recipe_version": RECIPE_VERSION,
-            "recipe": asdict(recipe),
-            "target_dir": str(target_dir),
-            "target_files": target_identity(target_dir),
-            "data": data_stats(train, heldout, data_info),
-            "cost": cost,
-        }
+        head_info = manifest_head(
+            "draft_model", RECIPE_VERSION, recipe, target_dir, data_stats(train, heldout, data_info)
+        )
+        head_info["cost"] = cost
         publish_drafter(
             root, out, "draft", lambda d: save_student(student, target_dir, d), head_info, stats, t_start
         )

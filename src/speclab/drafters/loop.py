@@ -6,6 +6,7 @@ atomically with its manifest.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -13,14 +14,53 @@ import resource
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from speclab.atomic import exclusive_lock
 from speclab.drafters.data import Sequence
-from speclab.models.prepare import publish_build
+from speclab.models.prepare import publish_build, read_manifest
+
+
+def start_run(seed: int, threads: int | None) -> float:
+    """Seed torch (initialisation) and set its threads for one training run; returns the run's start time."""
+    torch.manual_seed(seed)
+    if threads:
+        torch.set_num_threads(threads)
+    return time.perf_counter()
+
+
+@contextlib.contextmanager
+def cache_entry(root: Path, name: str) -> Iterator[Path]:
+    """The cache entry root/name, locked while the caller finds or trains it (one training per recipe at a
+    time; a waiter then finds it cached)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(root / f".{name}.lock"):
+        yield root / name
+
+
+def target_identity(path: Path) -> Any:
+    """What a trained drafter's cache key takes from its target: the checkpoint's file checksums."""
+    m = read_manifest(path)
+    return m["files"] if m else str(path)
+
+
+def manifest_head(
+    kind: str, version: str, recipe: Any, target_dir: Path, data: dict[str, Any]
+) -> dict[str, Any]:
+    """The first fields of a trained drafter's manifest: what it is, its recipe, its target and its data."""
+    return {
+        "kind": kind,
+        "recipe_version": version,
+        "recipe": asdict(recipe),
+        "target_dir": str(target_dir),
+        "target_files": target_identity(target_dir),
+        "data": data,
+    }
 
 
 def fit(

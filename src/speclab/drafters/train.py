@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from speclab.atomic import atomic_path, exclusive_lock
+from speclab.atomic import atomic_path
 from speclab.drafters.data import (
     DATA_CHUNK,
     DATA_VERSION,
@@ -37,11 +37,18 @@ from speclab.drafters.data import (
     training_prompts,
 )
 from speclab.drafters.evaluate import collate, replay_metrics
-from speclab.drafters.loop import fit, publish_drafter
+from speclab.drafters.loop import (
+    cache_entry,
+    fit,
+    manifest_head,
+    publish_drafter,
+    start_run,
+    target_identity,
+)
 from speclab.errors import SpeclabError
 from speclab.models.dflash import default_aux_layers
 from speclab.models.eagle3 import Eagle3Head, head_config
-from speclab.models.prepare import MANIFEST, cache_root, file_checksums, read_manifest, resolve_model
+from speclab.models.prepare import MANIFEST, cache_root, file_checksums, resolve_model
 
 RECIPE_VERSION = "1"
 
@@ -111,11 +118,6 @@ def load_target(target: str) -> tuple[Any, Any, Path]:
     path = target_path(target)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(str(path)), path
-
-
-def target_identity(path: Path) -> Any:
-    m = read_manifest(path)
-    return m["files"] if m else str(path)
 
 
 def _seqs_to_obj(seqs: list[Sequence]) -> list[dict[str, Any]]:
@@ -232,17 +234,11 @@ def train_eagle(
 ) -> Path:
     """Train (or find cached) the EAGLE-3 head for recipe.target; returns its directory."""
     say = log or (lambda msg: None)
-    torch.manual_seed(recipe.seed)
-    if threads:
-        torch.set_num_threads(threads)
-    t_start = time.perf_counter()
+    t_start = start_run(recipe.seed, threads)
     target_dir, tcfg, key = eagle_key(recipe)
     aux = list(recipe.aux_layers or [])
     root = drafters_dir(recipe.target, cache_dir)
-    out = root / f"eagle3-{key}"
-    root.mkdir(parents=True, exist_ok=True)
-    # one training per recipe at a time; a waiter then finds it cached
-    with exclusive_lock(root / f".eagle3-{key}.lock"):
+    with cache_entry(root, f"eagle3-{key}") as out:
         if not force and is_trained(out):
             say(f"eagle3 head for {recipe.target}: up to date at {out}")
             return out
@@ -369,14 +365,8 @@ def _train_locked(
     )
     stats = train_head(head, train, heldout, recipe, say, max_minutes)
 
-    head_info = {
-        "kind": "eagle3",
-        "recipe_version": RECIPE_VERSION,
-        "recipe": asdict(recipe),
-        "target_dir": str(target_dir),
-        "target_files": target_identity(target_dir),
-        "data": {**data_stats(train, heldout, data_info), "draft_vocab_coverage_heldout": round(coverage, 4)},
-    }
+    data = {**data_stats(train, heldout, data_info), "draft_vocab_coverage_heldout": round(coverage, 4)}
+    head_info = manifest_head("eagle3", RECIPE_VERSION, recipe, target_dir, data)
     publish_drafter(root, out, "eagle3", head.save, head_info, stats, t_start)
     say(f"eagle3 head for {recipe.target}: saved at {out}")
     return out
