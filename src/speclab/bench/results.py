@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import json
 import os
 import time
@@ -32,6 +33,17 @@ from speclab.traces.store import read_store, records_to_table
 
 RESULTS = "results.jsonl"
 TRACES = "traces"
+
+
+def write_run_files(run_dir: Path, spec: Any, spec_text: str | None, command_line: str | None) -> None:
+    """The sweep as given (sweep.toml) and as understood (sweep.json), and the command line appended to
+    command.txt: what a resumed or shown run reads back."""
+    if spec_text is not None:
+        atomic_write_text(run_dir / "sweep.toml", spec_text)
+    atomic_write_text(run_dir / "sweep.json", json.dumps(spec.to_dict(), indent=2) + "\n")
+    if command_line:
+        with open(run_dir / "command.txt", "a") as fh:
+            fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {command_line}\n")
 
 
 @contextlib.contextmanager
@@ -89,6 +101,17 @@ class ResultsStore:
         """Add or replace one row and rewrite the file atomically."""
         self.rows[row["cell_id"]] = row
         self._flush()
+
+    def redo(self, cell_ids: list[str], globs: list[str], what: str = "cell") -> list[str]:
+        """Forget the rows of the cells matching any of the globs (`--redo`), so they are measured again;
+        returns their ids. No match is an error (`what` names the cells in it)."""
+        again = [cid for cid in cell_ids if any(fnmatch.fnmatch(cid, g) for g in globs)]
+        if not again:
+            raise ConfigError(f"--redo {' '.join(globs)}: matches no {what} of this sweep")
+        for cid in again:
+            self.rows.pop(cid, None)
+        self.flush()
+        return again
 
     def flush(self) -> None:
         self._flush()

@@ -19,8 +19,6 @@ bench/progress.py, bench/attempts.py, engine/launch.py and bench/repeat_units.py
 
 from __future__ import annotations
 
-import fnmatch
-import json
 import signal
 import time
 from collections.abc import Callable
@@ -28,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speclab.atomic import atomic_write_text
 from speclab.bench.attempts import Attempt, finished_results, merge_timings
 from speclab.bench.cells import Cell, EngineGroup, expand_cells, group_engines
 from speclab.bench.interleave import Interleaver, unit_groups
@@ -44,13 +41,13 @@ from speclab.bench.results import (
     build_row,
     run_lock,
     trace_records,
+    write_run_files,
     write_trace_part,
 )
 from speclab.bench.spec import SweepSpec
 from speclab.bench.strategy import EngineStrategy, SerialStrategy
 from speclab.engine.launch import ResultTail
 from speclab.engine.protocol import CellResult, RequestResult
-from speclab.errors import ConfigError
 
 # workload -> rendered prompts (the default renders with the target's tokenizer)
 PromptProvider = Callable[[str], PromptSet]
@@ -146,15 +143,10 @@ class SweepRunner(RepeatUnits):
     def _run(self) -> SweepOutcome:
         rd = self.run_dir
         self.store = store = ResultsStore(rd)
-        self._write_run_files()
+        write_run_files(rd, self.spec, self.spec_text, self.command_line)
         if self.redo:
-            again = [c.cell_id for c in self.cells if any(fnmatch.fnmatch(c.cell_id, g) for g in self.redo)]
-            if not again:
-                raise ConfigError(f"--redo {' '.join(self.redo)}: matches no cell of this sweep")
-            for cid in again:
-                store.rows.pop(cid, None)
+            again = store.redo([c.cell_id for c in self.cells], self.redo)
             self._redone = set(again)
-            store.flush()
             self.echo(f"measuring {len(again)} cell(s) again: {', '.join(again)}")
         skipped = sum(1 for c in self.cells if not self._missing(c))
         self._recover()
@@ -211,15 +203,6 @@ class SweepRunner(RepeatUnits):
             failed=self.counts["failed"],
             rows=rows,
         )
-
-    def _write_run_files(self) -> None:
-        rd = self.run_dir
-        if self.spec_text is not None:
-            atomic_write_text(rd / "sweep.toml", self.spec_text)
-        atomic_write_text(rd / "sweep.json", json.dumps(self.spec.to_dict(), indent=2) + "\n")
-        if self.command_line:
-            with open(rd / "command.txt", "a") as fh:
-                fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {self.command_line}\n")
 
     def prompts_for(self, workload: str) -> PromptSet:
         ps = self._prompts.get(workload)

@@ -16,7 +16,6 @@ stopped (process group) on every exit path, Ctrl-C and SIGTERM included.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import hashlib
 import json
 import signal
@@ -30,7 +29,7 @@ from typing import Any
 from speclab.atomic import atomic_write_text
 from speclab.bench.preflight import PromptSet
 from speclab.bench.repeats import contended, row_pressure
-from speclab.bench.results import ResultsStore, run_lock
+from speclab.bench.results import ResultsStore, run_lock, write_run_files
 from speclab.bench.runner import SweepOutcome
 from speclab.bench.spec import SweepSpec
 from speclab.engine.launch import describe_exit, log_tail, spawn_child
@@ -102,19 +101,9 @@ class ServerRunner:
     def _run(self) -> SweepOutcome:
         rd = self.run_dir
         self.store = store = ResultsStore(rd)
-        if self.spec_text is not None:
-            atomic_write_text(rd / "sweep.toml", self.spec_text)
-        atomic_write_text(rd / "sweep.json", json.dumps(self.spec.to_dict(), indent=2) + "\n")
-        if self.command_line:
-            with open(rd / "command.txt", "a") as fh:
-                fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {self.command_line}\n")
+        write_run_files(rd, self.spec, self.spec_text, self.command_line)
         if self.redo:
-            again = [c.cell_id for c in self.cells if any(fnmatch.fnmatch(c.cell_id, g) for g in self.redo)]
-            if not again:
-                raise ConfigError(f"--redo {' '.join(self.redo)}: matches no server cell of this sweep")
-            for cid in again:
-                store.rows.pop(cid, None)
-            store.flush()
+            store.redo([c.cell_id for c in self.cells], self.redo, "server cell")
         skipped = sum(1 for c in self.cells if store.is_ok(c.cell_id))
         if skipped:
             self.echo(f"resuming {rd}: {skipped} of {len(self.cells)} server cells already done")
