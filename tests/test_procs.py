@@ -11,7 +11,11 @@ from pathlib import Path
 from speclab.procs import kill_group
 
 
-def _child(code: str) -> subprocess.Popen[bytes]:
+def _child(setup: str, then: str = "") -> subprocess.Popen[bytes]:
+    """A Python child in its own process group: runs `setup`, says ready, runs `then`, sleeps."""
+    code = (
+        f"import signal, subprocess, sys, time\n{setup}\nprint('ready', flush=True)\n{then}\ntime.sleep(60)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     assert proc.stdout.readline() == b"ready\n"  # its handlers are installed
@@ -19,12 +23,7 @@ def _child(code: str) -> subprocess.Popen[bytes]:
 
 
 def test_a_child_that_stops_on_the_first_signal_gets_only_that_one():
-    proc = _child(
-        "import signal, sys, time\n"
-        "signal.signal(signal.SIGINT, lambda *a: sys.exit(7))\n"
-        "print('ready', flush=True)\n"
-        "time.sleep(60)\n"
-    )
+    proc = _child("signal.signal(signal.SIGINT, lambda *a: sys.exit(7))")
     t0 = time.monotonic()
     kill_group(proc, ((signal.SIGINT, 10.0), (signal.SIGKILL, 10.0)))
     assert proc.returncode == 7  # exited by its own handler, not killed
@@ -32,12 +31,7 @@ def test_a_child_that_stops_on_the_first_signal_gets_only_that_one():
 
 
 def test_a_child_that_ignores_the_polite_signal_is_killed_after_its_grace():
-    proc = _child(
-        "import signal, time\n"
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "print('ready', flush=True)\n"
-        "time.sleep(60)\n"
-    )
+    proc = _child("signal.signal(signal.SIGTERM, signal.SIG_IGN)")
     t0 = time.monotonic()
     kill_group(proc, ((signal.SIGTERM, 0.5), (signal.SIGKILL, 5.0)))
     assert proc.returncode == -signal.SIGKILL
@@ -55,14 +49,11 @@ def _alive(pid: int) -> bool:
 def test_sweep_kills_a_group_member_that_outlives_the_leader():
     # the leader exits on SIGTERM; its child (same group) ignores SIGTERM and would live on without the sweep
     proc = _child(
-        "import subprocess, sys, time\n"
         "code = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); "
         "time.sleep(60)'\n"
         "kid = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE)\n"
-        "kid.stdout.readline()\n"
-        "print('ready', flush=True)\n"
-        "print(kid.pid, flush=True)\n"
-        "time.sleep(60)\n"
+        "kid.stdout.readline()\n",
+        then="print(kid.pid, flush=True)",
     )
     assert proc.stdout is not None
     kid = int(proc.stdout.readline())
