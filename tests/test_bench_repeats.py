@@ -143,7 +143,7 @@ def test_recommendations_never_call_sd_off_or_on_on_noise():
 
 
 def test_a_contended_run_says_cannot_tell_instead_of_sd_off():
-    """The issue's case: beside another CPU-heavy process every SD cell measured below 1.0x, while a quiet
+    """The motivating case: beside another CPU-heavy process every SD cell measured below 1.0x, while a quiet
     run measured n-gram at 2.21x (B=1) and 1.16x (B=16). Contended figures must not decide."""
     rows = []
     for b, sp in ((1, 0.85), (16, 0.9)):

@@ -12,7 +12,7 @@ Exit status: 0 when every cell ran (individual cells may still have status "fail
 could not start (every cell is then written as failed with the reason), 2 for an invalid job file.
 
 Size: about 470 lines; it is one process's life (build the engine, warm up, drive cells step by step, the
-gate loop for repeats). Measuring helpers are in engine/measure.py and engine/instrument.py.
+gate loop for repeats). Measuring code is in engine/measure.py and engine/instrument.py.
 """
 
 from __future__ import annotations

@@ -446,7 +446,7 @@ def inputs(d: ReportData) -> list[str]:
 
 
 def adaptive(d: ReportData) -> list[str]:
-    """Adaptive speculation (issue 12): per trace set, simulated speedup by batch size for no SD, the best
+    """Adaptive speculation: per trace set, simulated speedup by batch size for no SD, the best
     static (method, k), the oracles, vLLM's derived batch-size schedule and the online policies; reads
     analysis["adaptive"] = speclab.simulate.adaptive.evaluate.run()'s result and figs["adaptive_eval"]."""
     h = ['<h2 id="adaptive">Adaptive speculation (simulated)</h2>']
