@@ -29,6 +29,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from speclab.engine import cpu_sampling
 from speclab.engine.measure import (
     checkpoint_num_params,
     counters_delta,
@@ -136,6 +137,7 @@ def llm_kwargs(spec: EngineSpec, target: str, drafter: str | None) -> dict[str, 
         # vLLM's CPU build reads VLLM_CPU_KVCACHE_SPACE as a whole number of GiB (int("0.5") fails at start-up);
         # a fractional size goes through the engine argument it sets instead (see engine.launch.kv_cache_env)
         kw["kv_cache_memory_bytes"] = int(spec.kv_cache_gib * 2**30)
+    kw.update(cpu_sampling.engine_kwargs())  # sampled SD on the CPU build: speclab.engine.cpu_sampling
     sc = speculative_config(spec, drafter)
     if sc is not None:
         kw["speculative_config"] = sc
