@@ -147,3 +147,17 @@ def test_noise_probe_record_round_trip(tmp_path):
     assert load_noise(tmp_path / "run") is None  # one pair gives no spread: not used
     with pytest.raises(ValueError, match="at least 4 units"):
         measure_noise(units=2)
+
+
+def test_bench_show_marks_figures_the_noise_cannot_back(tmp_path):
+    from speclab.bench.show import format_speedup_summary
+
+    rows = run_of([10.7]) + [r for r in run_of([11.2, 10.9, 11.5]) if r["method"] != "none"]
+    rows[-1] = dict(rows[-1], batch_size=4, cell_id="x", label="draft-k3")
+    text = format_speedup_summary(rows)
+    line = next(ln for ln in text.splitlines() if ln.startswith("offline-math"))
+    assert line.split()[-2:] == ["1.07?", "1.12"]
+    assert "?: the noise cannot tell" in text
+    # with a quiet machine's A/A noise measured, one pair at 1.07x is still inside it; 1.30x is not
+    assert "1.07?" in format_speedup_summary(run_of([10.7]), NOISY)
+    assert "1.30?" not in format_speedup_summary(run_of([13.0]), NOISY)
