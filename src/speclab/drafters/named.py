@@ -62,7 +62,11 @@ def _ready(preset: Any, d: Path) -> bool:
 
 
 def train_command(preset: Any) -> str:
+    """The command that trains a preset's drafter (the trainer's own command only where the preset sets no
+    recipe field: otherwise that command would train another recipe)."""
     kind = "draft" if preset.source == "distill" else "eagle"
+    if preset.train:
+        return f"speclab models prepare {preset.name}"
     return f"speclab models prepare {preset.name} (or: speclab drafters train {kind} --target {preset.base})"
 
 
