@@ -12,6 +12,7 @@ import speclab.bench.noise as noise
 import speclab.demo as demo
 import speclab.models as models
 from test_bench_runner import FAKE_WORKER, fake_prompts
+from test_drafters_distill import AUX, fake_target, seqs, target  # noqa: F401 - fixtures of the tiny target
 
 
 @pytest.fixture
@@ -64,3 +65,54 @@ def test_demo_pipeline_end_to_end(tmp_path, fake_stack, monkeypatch):
     assert any("16 of 16 cells already done" in ln for ln in lines2)
     assert any("A/A noise" in ln for ln in lines2) and probes == [1]  # measured once per run
     assert res2.report is None
+
+
+def test_first_run_trains_both_drafters_by_preset_name_the_head_for_its_budget(fake_target, monkeypatch):  # noqa: F811
+    """A tiny end-to-end smoke of the demo's first-use wiring (tiny target, faked data stage): the prepare
+    stage says the first run trains, then trains the distilled draft and the EAGLE-3 head by the preset names
+    the demo's sweep gives, the head for its preset's budget (4 epochs), once; both are then resolvable."""
+    import dataclasses
+
+    import speclab.drafters.train as tr
+    import speclab.models.prepare as prep
+    from speclab.bench.api import load_sweep_source
+    from speclab.models import get_preset, resolve_model
+
+    eagle, distilled = get_preset("smollm2-135m-eagle3"), get_preset("smollm2-135m-distilled")
+    assert eagle.train == {"epochs": 4}
+    tiny = {"evals": 1, "aux_layers": AUX}
+    table = {
+        **prep.presets(),
+        "smollm2-135m-eagle3": dataclasses.replace(
+            eagle, base="tiny", train={**eagle.train, **tiny, "draft_vocab": 30, "batch_size": 4}
+        ),
+        "smollm2-135m-distilled": dataclasses.replace(
+            distilled, base="tiny", train={**tiny, "depth": 1, "epochs": 1, "tokens_per_batch": 64}
+        ),
+    }
+    monkeypatch.setattr(prep, "presets", lambda: table)
+    monkeypatch.setattr(prep, "get_preset", lambda name: table[name])
+    epochs: list[int] = []
+    train = tr.train_eagle
+    monkeypatch.setattr(
+        tr, "train_eagle", lambda recipe, **kw: epochs.append(recipe.epochs) or train(recipe, **kw)
+    )
+    real = models.prepare_model
+    monkeypatch.setattr(  # the real target is not built here: the tiny one stands in for it
+        models,
+        "prepare_model",
+        lambda name, dtype="float32", **kw: None if name == "smollm2-135m" else real(name, dtype, **kw),
+    )
+    spec, text = load_sweep_source(preset="demo-cpu")
+    lines: list[str] = []
+    run = demo._Demo(
+        spec, text, demo.DemoOutcome(fake_target[0], fake_target[0] / "run"), lines.append, False, ()
+    )
+    demo._prepare(run)
+    demo._prepare(run)  # cached: nothing trains again
+    assert epochs == [4]
+    assert "not prepared yet: smollm2-135m-distilled, smollm2-135m-eagle3; the first run trains" in lines[0]
+    assert any("smollm2-135m-eagle3: not trained yet; training it now" in ln for ln in lines)
+    head = resolve_model("smollm2-135m-eagle3", prepare=False)
+    assert json.loads((head / "speclab-manifest.json").read_text())["recipe"]["epochs"] == 4
+    assert resolve_model("smollm2-135m-distilled", prepare=False).is_dir()

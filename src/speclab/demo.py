@@ -147,14 +147,22 @@ def run_demo(
 
 def _prepare(d: _Demo) -> None:
     """The target, and the drafters speclab builds or trains (trained ones on first use, with a message)."""
-    from speclab.models import prepare_model
+    from speclab.models import prepare_model, resolve_model
 
-    names = [d.spec.target] + [
+    drafters = [
         m.options["model"]
         for m in d.spec.methods
         if m.name in ("draft_model", "eagle3") and "model" in m.options
     ]
-    for name in names:
+    untrained = []
+    for name in drafters:
+        try:
+            resolve_model(name, d.spec.dtype, prepare=False)
+        except SpeclabError:
+            untrained.append(name)
+    if untrained:
+        d.echo(f"   not prepared yet: {', '.join(untrained)}; {DEMO_TRAINING}")
+    for name in [d.spec.target, *drafters]:
         prepare_model(name, d.spec.dtype, log=lambda s: d.echo(f"   {s}"))
 
 
