@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from speclab.atomic import atomic_write_text
+
 NOISE_JSON = "noise.json"
 LEVEL = 0.95
 # SmolLM2-135M's decoder: hidden 576, 9 query heads and 3 KV heads of 64, MLP 1536, 30 layers
@@ -130,8 +132,6 @@ def measure_noise(
 
 
 def save_noise(run_dir: str | Path, noise: dict[str, Any]) -> Path:
-    from speclab.atomic import atomic_write_text
-
     path = Path(run_dir) / NOISE_JSON
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(noise, indent=1) + "\n")
