@@ -17,31 +17,16 @@ from speclab.bench.noise import (
     speedup_interval,
     t95,
 )
-from speclab.bench.repeats import add_run, apply_pairs, evidence
+from speclab.bench.repeats import apply_pairs, evidence
 from speclab.report.recommend import CANNOT_TELL, recommendations
 from speclab.report.sections import ReportData, recommend, summary
+from test_bench_repeats import row
 
 NOISY = {"pairs": 12, "sd_log": 0.05, "unit_s": 0.3, "measured_at": "t"}  # ~+-11% on one pair
 
 
 def cell(label: str, method: str, tps: list[float], batch: int = 1) -> dict:
-    r = {
-        "cell_id": f"{label}.w.cont.b{batch}",
-        "status": "ok",
-        "label": label,
-        "method": method,
-        "k": None if method == "none" else 3,
-        "target": "t",
-        "workload": "offline-math",
-        "batching": "continuous",
-        "batch_size": batch,
-        "throughput_tok_s": tps[0],
-        "speedup": 1.0 if method == "none" else None,
-        "host": {"loadavg_1m": 1.0, "cpus": 2},
-    }
-    for i, t in enumerate(tps, 1):
-        add_run(r, {"repeat": i, "throughput_tok_s": t, "loadavg_1m": 1.0, "cpus": 2})
-    return r
+    return row(label, method, tps, workload="offline-math", batch_size=batch)
 
 
 def run_of(sd_tps: list[float], base_tps: list[float] | None = None) -> list[dict]:

@@ -9,23 +9,8 @@ from speclab.analyze.tables import observed_rows, pluck
 from speclab.report.data import ReportData
 from speclab.report.html import Html, esc, figure, figure_or_missing, missing, table
 
-ACCEPTANCE_HEADERS = [
-    "workload",
-    "method",
-    "k",
-    "requests",
-    "positions",
-    "mean",
-    "std",
-    "p5",
-    "p50",
-    "p95",
-    "req-std",
-    Html("&ge;5"),
-    "p95/p50",
-    "top10%",
-    "proposal rate",
-]
+ACCEPTANCE_HEADERS = ["workload", "method", "k", "requests", "positions", "mean", "std", "p5", "p50", "p95",
+                      "req-std", Html("&ge;5"), "p95/p50", "top10%", "proposal rate"]  # fmt: skip
 
 
 def acceptance(d: ReportData) -> list[str]:
