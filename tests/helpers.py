@@ -1,4 +1,4 @@
-"""Helpers shared by several test modules (tests/ is on sys.path: pytest's rootdir-relative prepend mode)."""
+"""Test utilities shared by several test modules (tests/ is on sys.path: pytest's rootdir-relative prepend mode)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,8 @@ from speclab.report.recommend import CANNOT_TELL, headline, recommendations
 from speclab.report.sections import ReportData, summary
 
 QUIET, BUSY = 1.0, 6.0  # 1-minute load averages on 2 CPUs
+# a machine noise record (RUN/noise.json) of a quiet host: A/A pairs with a log spread of 2%
+CALM = {"pairs": 12, "sd_log": 0.02, "unit_s": 0.3, "measured_at": "t"}
 
 
 def run(repeat: int, tps: float, load: float = QUIET) -> dict:
@@ -86,16 +88,21 @@ def test_evidence_rules():
     # a spread that straddles 1.0 does not
     kind, _, why = evidence(paired(base, row("a", "ngram", [9.0, 12.0, 13.0])))
     assert kind == "unsure" and "straddles 1.00x" in why
-    # contended pairs do not count (either side contended): here the quiet one decides alone
+    # contended pairs do not count (either side contended): one quiet pair does not decide alone; with the
+    # machine's A/A noise measured, its interval does
     sd = paired(base, row("a", "ngram", [5.0, 12.0, 6.0], loads=[BUSY, QUIET, BUSY]))
     kind, fig, why = evidence(sd)
+    assert (kind, fig) == ("unsure", pytest.approx(1.2)) and "1 quiet matched pair(s) of 3" in why
+    kind, fig, why = evidence(sd, noise=CALM)
     assert (kind, fig) == ("faster", pytest.approx(1.2)) and "1 quiet matched pair(s) of 3" in why
     busy_base = row("none", "none", [10.0, 10.0], loads=[BUSY, BUSY])
     kind, _, why = evidence(paired(busy_base, row("a", "ngram", [5.0, 6.0])))
     assert kind == "unsure" and "all 2 matched pair(s) ran while other processes competed" in why
-    # no repeats: one run decides unless it was contended
+    # no repeats: one run is one pair; it decides by the machine's noise unless it was contended
     single = {"speedup": 0.8, "host": {"loadavg_1m": QUIET, "cpus": 2}}
-    assert evidence(single) == ("slower", 0.8, "one run")
+    assert evidence(single)[0] == "unsure" and evidence(single)[2].startswith("one run: 0.80x")
+    kind, fig, why = evidence(single, noise=CALM)
+    assert (kind, fig) == ("slower", 0.8) and why.startswith("one run")
     kind, _, why = evidence({"speedup": 0.8, "host": {"loadavg_1m": BUSY, "cpus": 2}})
     assert kind == "unsure" and "one run" in why and "6.0 on 2 CPUs" in why
     # CPU pressure (PSI: share of the cell in which some task waited for a CPU) flags a cell the load
@@ -116,8 +123,8 @@ def test_evidence_rules():
     assert contended({"host": {"loadavg_1m": 1.9, "cpus": 2}, "engine_info": {"cpu_pressure": 0.99}})
 
 
-def _recs(rows: list[dict]) -> dict:
-    return {(r["workload"], r["batch_size"]): r for r in recommendations(rows, None)}
+def _recs(rows: list[dict], noise: dict | None = None) -> dict:
+    return {(r["workload"], r["batch_size"]): r for r in recommendations(rows, None, noise)}
 
 
 def test_recommendations_never_call_sd_off_or_on_on_noise():
@@ -143,7 +150,7 @@ def test_recommendations_never_call_sd_off_or_on_on_noise():
 
 
 def test_a_contended_run_says_cannot_tell_instead_of_sd_off():
-    """The issue's case: beside another CPU-heavy process every SD cell measured below 1.0x, while a quiet
+    """The motivating case: beside another CPU-heavy process every SD cell measured below 1.0x, while a quiet
     run measured n-gram at 2.21x (B=1) and 1.16x (B=16). Contended figures must not decide."""
     rows = []
     for b, sp in ((1, 0.85), (16, 0.9)):
@@ -242,13 +249,13 @@ def test_single_run_with_a_contended_baseline_cannot_decide():
     sd = dict(base, cell_id="ngram-k3.w.cont.b1.x", label="ngram-k3", method="ngram", k=3,
               throughput_tok_s=9.0, speedup=1.8, baseline_cell_id=base["cell_id"],
               host={"loadavg_1m": QUIET, "cpus": 2})  # fmt: skip
-    assert evidence(sd) == ("faster", 1.8, "one run")  # alone it looks quiet
-    kind, _, why = evidence(sd, base)
+    assert evidence(sd, noise=CALM)[:2] == ("faster", 1.8)  # alone it looks quiet
+    kind, _, why = evidence(sd, base, CALM)
     assert kind == "unsure" and "its no-SD baseline measured while other processes competed" in why
     rec = _recs([base, sd])[("w", 1)]
     assert rec["verdict"] == CANNOT_TELL and "baseline" in rec["why"]
     base["host"] = {"loadavg_1m": QUIET, "cpus": 2}
-    assert _recs([base, sd])[("w", 1)]["verdict"] == "use SD"
+    assert _recs([base, sd], CALM)[("w", 1)]["verdict"] == "use SD"
 
 
 def test_compare_recommendations_classifies_each_cell():

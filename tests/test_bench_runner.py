@@ -517,7 +517,7 @@ def test_repeat_crash_fails_only_that_repeat_and_engine_restarts(tmp_path, fake_
 
 
 def test_a_sweep_beside_a_cpu_hog_says_cannot_tell_not_sd_off(tmp_path, fake_env, monkeypatch):
-    """Issue 10's case with the fake worker: the quiet run says "use SD"; the same sweep beside a CPU hog
+    """The contention case with the fake worker: the quiet run says "use SD"; the same sweep beside a CPU hog
     (every cell reports high CPU pressure, and SD measures below 1.0x) says "cannot tell", not "SD off"."""
     import speclab.bench.repeat_units as repeat_units
     import speclab.bench.results as results

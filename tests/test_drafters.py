@@ -157,7 +157,7 @@ def _sequential_chain(head: Eagle3Head, s: Sequence, t: int, k: int) -> list[tor
     """Draft logits after context x[..t+1], step by step as vLLM's proposer runs: a causal prefill over
     positions 0..t with target features, then each draft attends to that cache plus earlier drafts; every
     layer keeps its own cache and feeds its output to the next (written out here, not via the head's
-    step helper)."""
+    own step function)."""
     x, f = s.tokens, s.feats.float()
     scale = head.hd**-0.5
     pos = torch.arange(t + 1)[None]

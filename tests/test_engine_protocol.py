@@ -36,7 +36,7 @@ def _job(**engine: object) -> Job:
             CellSpec("c1", "replicate", 2, 16, [PromptSpec("a", [1, 2, 3]), PromptSpec("b", [4, 5])]),
             CellSpec("c2", "continuous", 4, 8, [PromptSpec("a", [1, 2, 3])]),
         ],
-        timings_csv="/tmp/t.csv",
+        timings_csv="t.csv",
     )
 
 

@@ -37,3 +37,13 @@ def test_tiny_run_prints_the_figures(capsys: pytest.CaptureFixture[str]) -> None
         "100 rounds",
     ):
         assert what in out
+
+
+def test_save_writes_the_runs_machine_noise(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    from speclab.bench.noise import load_noise
+
+    args = ["--units", "4", "--unit-s", "0.01", "--layers", "1", "--draws", "5", "--save", str(tmp_path)]
+    assert host_noise.main(args) == 0
+    noise = load_noise(tmp_path)
+    assert noise is not None and noise["pairs"] == 2 and noise["units"] == 4
+    assert "A/A noise" in capsys.readouterr().out

@@ -29,7 +29,7 @@ needs_stack = pytest.mark.skipif(
 
 @pytest.fixture(scope="session")
 def smollm2_fp32():
-    """Prepared once per session (idempotent: a second prepare only verifies checksums)."""
+    """Prepared once per test run (idempotent: a second prepare only verifies checksums)."""
     try:
         gguf_path(get_preset("smollm2-135m"))
     except SpeclabError as exc:

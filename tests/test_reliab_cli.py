@@ -1,4 +1,4 @@
-"""Issue 9: every defect it lists, run through the CLI: one `speclab: error:` line and exit 2 for bad input,
+"""Known bad inputs, each run through the CLI: one `speclab: error:` line and exit 2 for bad input,
 or a sensible exit 0 -- never a traceback, a NaN, a wrapped number or a lost store."""
 
 from __future__ import annotations
@@ -342,7 +342,7 @@ def test_usage_errors_and_unexpected_errors_are_one_line(data, monkeypatch):
     assert (
         res.code == 1 and "Traceback" in res.err and res.err_lines[-1].startswith("speclab: error: internal")
     )
-    assert study_line("x", 2)  # helper importable (used by the kill tests too)
+    assert study_line("x", 2)  # importable (used by the kill tests too)
 
 
 def test_wrong_contents_in_a_parquet_part_and_run_dir_as_store(data, tmp_path):

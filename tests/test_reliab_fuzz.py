@@ -1,4 +1,4 @@
-"""Issue 9: property-based tests (hypothesis) over the importers, the cost-model loader and the policy parser.
+"""Property-based tests (hypothesis) over the importers, the cost-model loader and the policy parser.
 
 The property everywhere: the CLI ends with exit 0 and finite figures, or with exit 2 and one
 `speclab: error:` line -- never a traceback (exit 1), never a NaN, never a store that does not read back.

@@ -1,4 +1,4 @@
-"""Issue 9: the trace store survives kills and concurrent writers.
+"""The trace store survives kills and concurrent writers.
 
 - SIGKILL of `traces import --force` at random points (subprocess): the store is the old one or the new one;
 - failures injected at each step of a replace (both the atomic swap and the fallback without it);

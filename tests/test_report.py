@@ -37,7 +37,9 @@ def test_recommendations_measured_off_and_simulated():
             },  # measured exists: ignored
         ]
     }
-    recs = {(r["workload"], r["batch_size"]): r for r in recommendations(rows, gap)}
+    # single runs: each one pair, decided by a quiet machine's A/A noise (2% log spread over 12 pairs)
+    calm = {"pairs": 12, "sd_log": 0.02}
+    recs = {(r["workload"], r["batch_size"]): r for r in recommendations(rows, gap, calm)}
     assert recs[("synthetic-code", 1)]["recommend"] == "ngram@k3"
     assert recs[("synthetic-code", 1)]["source"] == "measured"
     assert recs[("synthetic-chat", 1)]["recommend"] == "eagle@k3"
@@ -120,7 +122,8 @@ def test_entries_with_same_method_and_k_but_other_options_stay_apart(tmp_path, m
                 w["speedup"] = 2.5 if r["batch_size"] == 1 else round(r["speedup"] - 0.05, 3)
                 wide.append(w)
     rows += wide
-    recs = {(r["workload"], r["batch_size"]): r for r in recommendations(rows, None)}
+    calm = {"pairs": 12, "sd_log": 0.02}  # single runs decide by a quiet machine's A/A noise
+    recs = {(r["workload"], r["batch_size"]): r for r in recommendations(rows, None, calm)}
     r1, r8 = recs[("synthetic-code", 1)], recs[("synthetic-code", 8)]
     assert (r1["recommend"], r1["best_speedup"], r1["runner_up"]) == ("ngram-wide", 2.5, "ngram-k3")
     assert (r8["recommend"], r8["runner_up"]) == ("ngram-k3", "ngram-wide")

@@ -141,8 +141,8 @@ def test_presets_all_parse():
         s = load_preset(n)
         assert expand_cells(s)
     demo = load_preset("demo-cpu")
-    assert demo.dtype == "float32" and demo.batch_sizes == [1, 4, 16]
-    assert {m.name for m in demo.methods} == {"none", "ngram", "draft_model"}
+    assert demo.dtype == "float32" and demo.batch_sizes == [1, 16]
+    assert {m.name for m in demo.methods} == {"none", "ngram", "draft_model", "eagle3"}
     study = load_preset("study-llama3.1-8b")
     assert study.batch_sizes == [1, 16, 64, 128] and study.num_prompts == 500 and study.dtype == "bfloat16"
     assert all(m.k == 3 for m in study.methods if m.name != "none" and m.label != "ngram-k5")

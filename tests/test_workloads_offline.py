@@ -61,7 +61,7 @@ def test_code_edit_reference_repeats_prompt() -> None:
 
 
 def test_offline_pool_sizes_and_build_time() -> None:
-    # The bar on this machine: every stand-in builds in seconds with at least 200 distinct prompts.
+    # The bar: every stand-in builds in seconds with at least 200 distinct prompts.
     import time
 
     for name in OFFLINE:

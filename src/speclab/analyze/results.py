@@ -1,4 +1,4 @@
-"""Helpers for reading a bench run directory (CONTRACTS.md section 4) in analyze and report.
+"""Reading a bench run directory (CONTRACTS.md section 4) in analyze and report.
 
 RUN/results.jsonl itself is read by speclab.bench.rows.read_rows (its format's owner), rows are named by
 speclab.bench.rows.entry_labels.

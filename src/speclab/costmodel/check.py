@@ -4,7 +4,7 @@ An adaptive policy drafts a token where its expected acceptance beats the token'
 (goodput.batch_choice), so what decides its drafts is the model's *relative* price of a verified draft token,
 not its absolute speed: a model fitted on a machine whose forwards are 2.5x faster overall decides the same
 if its shape is right, and wrongly if one machine's step is mostly a fixed cost and the other's is mostly
-per-token work (docs/adaptive.md, "Stop 19"). `check_cost_model` reports both per band of running requests:
+per-token work (docs/cost-models.md). `check_cost_model` reports both per band of running requests:
 the median measured / predicted time, and the price of one more verified token as a share of the band's
 one-token-per-request step, measured (least squares over the band's verify forwards) and as the model has it.
 """
@@ -167,7 +167,7 @@ def mismatch_note(name: str, bad: Sequence[BandCheck], fit_from: str = "RUN") ->
         f"{fmt_share(w.model_first_share)} for a step's first draft. An adaptive policy priced by it drafts too "
         f"little or too much here: fit this machine's own (speclab cost-models fit {fit_from} --target-form "
         "table --overhead-form linear --out FILE) and check it; where a fitted table still jumps at the first "
-        'draft, its entries come from other request counts (docs/adaptive.md, "Stop 19")'
+        "draft, its entries come from other request counts (docs/cost-models.md)"
     )
 
 

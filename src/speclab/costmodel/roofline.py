@@ -11,7 +11,7 @@ reads the KV cache and writes the new tokens' KV, and does 2 FLOPs per weight pe
 The roofline time is max(memory_s, compute_s) (perfect overlap). speclab's cost-model form is linear, so a
 preset uses the additive bound memory_s + compute_s instead: const = weight_bytes / bandwidth, kv = (the KV
 bytes per token / bandwidth + attention FLOPs per cached token / peak), batched = (2 * matmul_params / peak
-+ kv_bytes_per_token / bandwidth). Both are printed by `compare`; see docs/simulator.md ("Roofline presets").
++ kv_bytes_per_token / bandwidth). Both are printed by `compare`; see docs/cost-models.md ("Roofline presets").
 Drafters: model drafters (EAGLE heads, draft models) in the chained form, one pass of the drafter per draft
 position; n-gram and suffix as the study's verify fraction. The per-step overhead (CPU scheduling, sampling)
 is not a roofline quantity: the presets keep the study's measured 1.2 ms.

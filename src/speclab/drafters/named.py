@@ -19,7 +19,9 @@ from speclab.errors import ConfigError, SpeclabError
 # Training on first use stops after this many minutes of training (the data stage comes first); a capped
 # run is recorded in its manifest. Keeps the demo's first run within its budget on a slow machine.
 FIRST_USE_TRAIN_MINUTES = 16.0
-FIRST_USE_NOTE = "about 20 minutes on 2 CPU cores, once; then cached"
+# Budgets differ by preset (about 3 minutes of training for smollm2-135m-eagle3 and -distilled on 2 cores, once
+# their shared data set is made, about 5 minutes; the longer presets up to an hour): docs/drafters.md.
+FIRST_USE_NOTE = "once, then cached; minutes to an hour on 2 CPU cores by recipe: docs/drafters.md"
 
 
 def recipe_for(preset: Any) -> Any:
@@ -65,7 +67,11 @@ def _ready(preset: Any, d: Path) -> bool:
 
 
 def train_command(preset: Any) -> str:
+    """The command that trains a preset's drafter (the trainer's own command only where the preset sets no
+    recipe field: otherwise that command would train another recipe)."""
     kind = "draft" if preset.source == "distill" else "eagle"
+    if preset.train:
+        return f"speclab models prepare {preset.name}"
     return f"speclab models prepare {preset.name} (or: speclab drafters train {kind} --target {preset.base})"
 
 

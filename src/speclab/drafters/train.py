@@ -76,7 +76,7 @@ class EagleRecipe:
     head_layers: int = 1  # decoder layers in the head (vLLM's eagle3 runs any number)
     soft_weight: float = 0.0  # share of the loss on the target's top-k distribution instead of its argmax
     step_weights: float = 0.8  # loss weight of step j: step_weights ** j
-    epochs: int = 8  # from the acceptance curve in docs/drafters.md (3 epochs: 0.33 math first-pos acc)
+    epochs: int = 8  # acceptance curve: docs/results/2026-12-03-drafters-training.md (3 epochs: 0.33 math)
     batch_size: int = 8
     lr: float = 1e-3
     eval_workloads: list[str] = field(default_factory=lambda: ["offline-math", "offline-chat"])

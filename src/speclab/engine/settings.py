@@ -10,6 +10,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from speclab.engine import cpu_sampling
 from speclab.engine.protocol import EngineSpec
 from speclab.errors import SpeclabError
 from speclab.methods.catalog import DRAFTER_CHECKPOINT_METHODS, SAME_TOKENIZER_METHODS, is_hybrid
@@ -82,6 +83,7 @@ def llm_kwargs(spec: EngineSpec, target: str, drafter: str | None) -> dict[str, 
         # vLLM's CPU build reads VLLM_CPU_KVCACHE_SPACE as a whole number of GiB (int("0.5") fails at start-up);
         # a fractional size goes through the engine argument it sets instead (see engine.launch.kv_cache_env)
         kw["kv_cache_memory_bytes"] = int(spec.kv_cache_gib * 2**30)
+    kw.update(cpu_sampling.engine_kwargs())  # sampled SD on the CPU build: speclab.engine.cpu_sampling
     sc = speculative_config(spec, drafter)
     if sc is not None:
         kw["speculative_config"] = sc

@@ -1,4 +1,4 @@
-"""A few built-in prompts and a helper that renders them with a checkpoint's chat template.
+"""A few built-in prompts and a function that renders them with a checkpoint's chat template.
 
 Used by the engine tests and quick measurements; real runs take prompts from speclab.workloads.
 Several prompts ask to repeat or edit given text, so prompt lookup (n-gram) has something to find.

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from speclab.atomic import atomic_write_bytes, atomic_write_text
+from speclab.bench.noise import load_noise
 from speclab.bench.rows import read_rows
 from speclab.errors import SpeclabError
 from speclab.report import figures as F
@@ -68,6 +69,7 @@ def build_report(
     if rows is None and analysis is None:
         raise SpeclabError("nothing to report: give --run RUN, --traces STORE or --analysis FILE")
     analysis = analysis or {}
+    noise = load_noise(run_path)  # the run's A/A machine noise: verdicts by interval where measured
     gap = analysis.get("oracle_gap") or {}
     acc = analysis.get("acceptance") or []
     adaptive_dir = run_path / "adaptive" if run_path else None  # python -m speclab.simulate.adaptive.evaluate
@@ -105,10 +107,11 @@ def build_report(
         run_path=run_path,
         traces=traces,
         analysis=analysis,
-        recs=recommendations(rows, gap),
+        recs=recommendations(rows, gap, noise),
         figs=figs,
         command=command,
         server_rows=server_rows,
+        noise=noise,
     )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -7,13 +7,16 @@ Logic (also in docs/report.md):
    recommendation is "SD off" (every SD configuration measured there was slower than no SD).
 2. Else simulated. Where the bench has no SD cell but the analysis simulated that batch size, use the best
    *fixed* policy (fixed:METHOD:K; oracles are bounds, not deployable) by the same rule.
-3. A best speedup in [1.00, 1.05) is flagged "marginal": within run-to-run noise, SD may not be worth it.
-4. Noise (measured cells): a verdict must rest on a figure the noise supports (`bench.repeats.evidence`).
-   With repeats, only matched pairs measured on a quiet machine count, and their spread must lie on one
-   side of 1.00x; a single run counts unless the cell or its no-SD baseline was contended (CPU pressure,
-   else the load average; bench.repeats.load_is_contended).
+3. Noise (measured cells): a verdict must rest on evidence beyond this machine's noise
+   (`bench.repeats.evidence`): only matched pairs measured on a quiet machine count, and either at least
+   three of them lie all above (or all below) 1.00x, or the 95% interval that the machine's measured A/A
+   noise (RUN/noise.json, `bench.noise`) puts around them clears 1.00x. A single run is one pair, and does
+   not count at all if the cell or its no-SD baseline was contended.
    "use SD" needs one such candidate above 1.00x (the best of them is recommended), "SD off" needs every
-   candidate below; anything else is "cannot tell", with why.
+   candidate below; anything else is "cannot tell", with what was measured and how many more repeats would
+   decide.
+4. A supported best speedup under 1.05x is flagged "marginal": faster beyond the noise, but by under 5%, so
+   SD may not be worth its memory and complexity. (Simulated rows: by value, as they have no noise.)
 """
 
 from __future__ import annotations
@@ -47,12 +50,14 @@ def _measured(
     key: tuple[str, str, int],
     cands: list[tuple[float, str, dict[str, Any]]],
     by_id: dict[str, dict[str, Any]] | None = None,
+    noise: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A measured recommendation that only says on or off where the noise supports it (by_id: rows by cell
-    id, to find each candidate's no-SD baseline: a contended baseline voids a single run's speedup too)."""
+    id, to find each candidate's no-SD baseline: a contended baseline voids a single run's speedup too;
+    noise: the machine's A/A noise, for intervals)."""
     ranked = sorted(cands, key=lambda c: c[0], reverse=True)
     by_id = by_id or {}
-    ev = {label: evidence(r, by_id.get(str(r.get("baseline_cell_id")))) for _, label, r in ranked}
+    ev = {label: evidence(r, by_id.get(str(r.get("baseline_cell_id"))), noise) for _, label, r in ranked}
     faster = sorted(((ev[lb][1], lb) for _, lb, _ in ranked if ev[lb][0] == "faster"), reverse=True)
     if faster:
         rest = [(sp, lb) for sp, lb, _ in ranked if ev[lb][0] != "faster"]
@@ -92,8 +97,9 @@ def _rec(key: tuple[str, str, int], ranked: list[tuple[float, str]], source: str
 
 
 def recommendations(
-    rows: list[dict[str, Any]] | None, oracle_gap: dict[str, Any] | None
+    rows: list[dict[str, Any]] | None, oracle_gap: dict[str, Any] | None, noise: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
+    """One recommendation per (workload, batching, batch size); `noise`: the run's A/A noise (or None)."""
     recs: dict[tuple[str, str, int], dict[str, Any]] = {}
     rows = rows or []
     labels = entry_labels(rows)  # keyed by sweep entry: same method and k with other options stay apart
@@ -111,7 +117,7 @@ def recommendations(
         )
     by_id = {str(r.get("cell_id")): r for _, r in ok}
     for key, vals in cells.items():
-        recs[key] = _measured(key, vals, by_id)
+        recs[key] = _measured(key, vals, by_id, noise)
     for g in (oracle_gap or {}).get("rows") or []:
         key = (str(g["workload"]), str(g["batching"]), int(g["batch_size"]))
         if key in recs:
@@ -140,8 +146,8 @@ def headline(recs: list[dict[str, Any]]) -> list[str]:
     supported = [r for r in recs if r["verdict"] != CANNOT_TELL]
     best = max(supported or recs, key=lambda r: r["best_speedup"])
     lines = [
-        f"SD helps (>= {MARGINAL:.2f}x) in {len(on)} of {len(recs)} (workload, batch size) cells, is marginal in "
-        f"{len(marginal)} and should be off in {len(off)}"
+        f"SD helps (>= {MARGINAL:.2f}x) in {len(on)} of {len(recs)} (workload, batch size) cells, is marginal "
+        f"(1.00-{MARGINAL:.2f}x) in {len(marginal)} and should be off in {len(off)}"
         + (f"; the noise cannot tell in {len(unsure)}." if unsure else "."),
         f"Largest speedup: {best['best_speedup']:.2f}x with {best['best_method']} on {best['workload']} at batch "
         f"{best['batch_size']} ({best['source']}"
@@ -196,7 +202,7 @@ def compare_recommendations(quiet: list[dict[str, Any]], other: list[dict[str, A
     return out
 
 
-def stops_paying(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def stops_paying(rows: list[dict[str, Any]], noise: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Per (workload, batching, sweep entry): the batch sizes where it was measured faster than no SD, and the
     batch size from which it stops paying (the smallest measured batch size from which on no larger one is
     supported as faster; `bench.repeats.evidence` decides "faster" per cell, so noise and contention count).
@@ -209,7 +215,7 @@ def stops_paying(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r, label in zip(rows, labels, strict=True):
         if r.get("method") == "none" or r.get("status") != "ok" or r.get("speedup") is None:
             continue
-        status, figure, _ = evidence(r, by_id.get(str(r.get("baseline_cell_id"))))
+        status, figure, _ = evidence(r, by_id.get(str(r.get("baseline_cell_id"))), noise)
         key = (str(r.get("workload")), str(r.get("batching")), label)
         groups[key].append((int(r["batch_size"]), status, figure))
     out = []

@@ -1,9 +1,8 @@
 """The report's sections, top to bottom; each returns its HTML as a list of chunks (one line each in the file).
 
-Every section reads the same `ReportData`; a missing input gives a labelled "Missing input" box, not an
-empty plot.
-
-Size: about 470 lines; one short function per report section, in page order (SECTIONS at the end).
+Every section reads the same `ReportData` (report.data); a missing input gives a labelled "Missing input"
+box, not an empty plot. One short function per report section, in page order (SECTIONS at the end); the
+sections on replayed traces and the simulator are in report.analysis_sections.
 """
 
 from __future__ import annotations
@@ -11,43 +10,20 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from speclab.analyze.results import config_files
-from speclab.analyze.tables import observed_rows, pluck
+from speclab.analyze.tables import pluck
+from speclab.bench.noise import describe
 from speclab.bench.rows import entry_labels
+from speclab.bench.show import contention_note
 from speclab.report import figures as F
-from speclab.report.html import Html, esc, figure, figure_or_missing, missing, table
+from speclab.report.analysis_sections import acceptance, adaptive, oracle, overlap
+from speclab.report.data import ReportData
+from speclab.report.html import esc, figure_or_missing, missing, table
 from speclab.report.recommend import CANNOT_TELL, MARGINAL, headline, stops_paying
 
-
-@dataclass
-class ReportData:
-    """Everything the sections read: the inputs, the analysis and what was computed from them."""
-
-    rows: list[dict[str, Any]] | None  # RUN/results.jsonl, None without a bench run
-    run_path: Path | None
-    traces: str | Path | None
-    analysis: dict[str, Any]
-    recs: list[dict[str, Any]]
-    figs: dict[str, F.Figure | None]
-    command: str | None = None  # this report's command line (default: the process's argv)
-    server_rows: list[dict[str, Any]] | None = None  # server-mode cells of the run (speclab.server)
-
-    @property
-    def acc(self) -> list[dict[str, Any]]:
-        return self.analysis.get("acceptance") or []
-
-    @property
-    def gap(self) -> dict[str, Any]:
-        return self.analysis.get("oracle_gap") or {}
-
-    @property
-    def overlap(self) -> dict[str, Any]:
-        return self.analysis.get("overlap") or {}
-
+__all__ = ["NAV", "SECTIONS", "ReportData"]
 
 NAV = (
     '<nav><a href="#summary">Summary</a><a href="#speedup">Speedup</a><a href="#recommend">Recommendations</a>'
@@ -80,15 +56,14 @@ def summary(d: ReportData) -> list[str]:
             h.append(
                 f'<p class="warn">{len(failed)} cell(s) failed; they are listed in the results table.</p>'
             )
-        h += _noise(d.rows)
+        h += _noise(d.rows, d.noise)
     return h
 
 
-def _noise(rows: list[dict[str, Any]]) -> list[str]:
-    """How often each cell was measured, and the contention flag: cells that ran while other processes
-    competed for the CPUs (their speedups may be biased, and verdicts resting on them say "cannot tell")."""
-    from speclab.bench.show import contention_note
-
+def _noise(rows: list[dict[str, Any]], noise: dict[str, Any] | None) -> list[str]:
+    """How often each cell was measured, the machine's A/A noise the verdicts use, and the contention flag:
+    cells that ran while other processes competed for the CPUs (their speedups may be biased, and verdicts
+    resting on them say "cannot tell")."""
     out = []
     ok = [r for r in rows if r.get("status") == "ok"]
     reps = sorted({int(r.get("repeats") or 1) for r in ok})
@@ -100,10 +75,25 @@ def _noise(rows: list[dict[str, Any]]) -> list[str]:
         )
     elif ok:
         out.append("<p>Each cell was measured once (no repeats): a verdict rests on a single run.</p>")
+    if ok:
+        out.append(f"<p><b>Noise:</b> {esc(_noise_line(noise))}</p>")
     note = contention_note(ok)
     if note:
         out.append(f'<p class="warn"><b>Contention:</b> {esc(note)}.</p>')
     return out
+
+
+def _noise_line(noise: dict[str, Any] | None) -> str:
+    rule = (
+        "a verdict (use SD, SD off) needs quiet matched pairs beyond this machine's noise: at least 3 all on "
+        "one side of 1.00x, or a 95% interval from the machine's A/A noise that clears 1.00x; else cannot tell"
+    )
+    if noise is None:
+        return (
+            f"{rule}. This run has no A/A noise measurement (RUN/noise.json: `speclab demo` measures it, or "
+            "python benchmarks/host_noise.py --save RUN), so only the 3-pair rule decides."
+        )
+    return f"{rule}. Measured for this run: {describe(noise)}."
 
 
 def _split_pct(ts: dict[str, Any] | None) -> list[float | None]:
@@ -193,9 +183,11 @@ def recommend(d: ReportData) -> list[str]:
     h = [
         '<h2 id="recommend">Recommendation: best method and k per workload and batch size</h2>',
         f"<p>From measured cells where the bench ran that batch size, else from simulated fixed-k policies "
-        f"(source column). Best speedup &lt; 1.00: <b>SD off</b>; 1.00 to {MARGINAL:.2f}: marginal (within "
-        f"noise, consider off); <b>{CANNOT_TELL}</b>: the measured spread straddles 1.00x or the runs were "
-        "contended (why column). Oracles are bounds and never recommended.</p>",
+        f"(source column). A measured verdict needs quiet matched pairs beyond this machine's noise (3 all on "
+        f"one side of 1.00x, or an interval from its A/A noise clear of 1.00x: the summary's Noise line); "
+        f"else <b>{CANNOT_TELL}</b>, with what was measured and how many more repeats would decide (why "
+        f"column). Best supported speedup &lt; 1.00: <b>SD off</b>; 1.00 to {MARGINAL:.2f}: marginal (faster "
+        "beyond the noise, by under 5%). Oracles are bounds and never recommended.</p>",
     ]
     if not d.recs:
         return h + [missing("No speedup data: no recommendation.")]
@@ -221,12 +213,12 @@ def recommend(d: ReportData) -> list[str]:
         for r in d.recs
     ]
     h.append(table(headers, pluck(d.recs, keys), left=2, row_classes=classes))
-    return h + _stops_paying(d.rows)
+    return h + _stops_paying(d.rows, d.noise)
 
 
-def _stops_paying(rows: list[dict[str, Any]] | None) -> list[str]:
+def _stops_paying(rows: list[dict[str, Any]] | None, noise: dict[str, Any] | None) -> list[str]:
     """Per measured SD configuration: up to which batch size it pays, and where it stops (same noise rule)."""
-    found = stops_paying(rows or [])
+    found = stops_paying(rows or [], noise)
     if not found:
         return []
     return [
@@ -247,122 +239,6 @@ def time_and_memory(d: ReportData) -> list[str]:
         '<h2 id="memory">Memory</h2>',
         figure_or_missing(d.figs["memory"], "No memory columns (no bench run)."),
     ]
-
-
-ACCEPTANCE_HEADERS = [
-    "workload",
-    "method",
-    "k",
-    "requests",
-    "positions",
-    "mean",
-    "std",
-    "p5",
-    "p50",
-    "p95",
-    "req-std",
-    Html("&ge;5"),
-    "p95/p50",
-    "top10%",
-    "proposal rate",
-]
-
-
-def acceptance(d: ReportData) -> list[str]:
-    """Replayed acceptance statistics and figures, then the engine-observed acceptance."""
-    h = ['<h2 id="acceptance">Acceptance</h2>']
-    if d.acc:
-        h.append(
-            "<p>Per output position 1..n-1 of the replayed traces (acc_len = accepted drafts + 1). "
-            "&ge;5: share of positions accepting 5 or more; top10%: share of accepted tokens from the 10% "
-            "longest positions; req-std: std of per-request means.</p>"
-        )
-        keys = (
-            "workload method k_max n_requests n_positions mean std p5 p50 p95 per_request.std "
-            "heavy_tail.share_ge_burst heavy_tail.p95_over_p50 heavy_tail.top10_share proposal_rate"
-        )
-        h.append(table(ACCEPTANCE_HEADERS, pluck(d.acc, keys), left=2))
-        h += [figure(fig) for key in ("hist", "position", "spread") if (fig := d.figs[key])]
-    else:
-        h.append(
-            missing(
-                "No replayed trace store (--traces, or RUN/traces filled by `speclab trace`): no "
-                "acceptance statistics, histograms or position curves."
-            )
-        )
-    obs = d.analysis.get("observed") or []
-    if obs:
-        h.append(
-            "<p><b>Engine-observed</b> acceptance length per executed step (bench meta; steps with a "
-            "proposal only):</p>"
-        )
-        headers = ["workload", "method", "k", "requests", "steps", "mean", "std", "p50", "p95"]
-        h.append(table(headers, observed_rows(obs), left=2))
-    return h
-
-
-def overlap(d: ReportData) -> list[str]:
-    h = ['<h2 id="overlap">Prompt-output overlap vs n-gram advantage</h2>']
-    if not d.overlap.get("groups"):
-        return h + [
-            missing(
-                "Needs traces with token ids and both a model-free (ngram/suffix) and a model-drafter "
-                "method per request."
-            )
-        ]
-    h.append(
-        f"<p>Overlap statistic: {esc(d.overlap.get('overlap_source'))}. Crossover: overlap where the "
-        "linear fit of the advantage crosses 0 (the study saw n-gram win above ~0.6 BLEU-4).</p>"
-    )
-    headers = [
-        "workload",
-        "free",
-        "model",
-        "requests",
-        "mean overlap",
-        "mean advantage",
-        "free wins",
-        "pearson",
-        "spearman",
-        "crossover",
-    ]
-    keys = (
-        "workload free_method model_method n mean_overlap mean_advantage share_free_wins pearson "
-        "spearman crossover_overlap"
-    )
-    h.append(table(headers, pluck(d.overlap["groups"], keys), left=3))
-    if d.figs["overlap"]:
-        h.append(figure(d.figs["overlap"]))
-    return h
-
-
-def oracle(d: ReportData) -> list[str]:
-    h = ['<h2 id="oracle">Oracle gap: measured vs simulated bounds</h2>']
-    gap = d.gap
-    if gap.get("status") != "ok" or not gap.get("rows"):
-        return h + [missing(f"No oracle gap: {gap.get('reason', 'no analysis')}.")]
-    h.append(
-        f"<p>Simulated with speclab.simulate (cost model: {esc(gap.get('cost_model'))}; up to "
-        f"{esc(gap.get('max_requests'))} requests per workload, seed {esc(gap.get('seed'))}). gap = bound / "
-        "best measured.</p>"
-    )
-    headers = [
-        "workload",
-        "batching",
-        "batch",
-        "best measured",
-        "method",
-        "best single oracle",
-        "policy",
-        "oracle-combine",
-        "gap single",
-        "gap combine",
-    ]
-    keys = (
-        "workload batching batch_size best_measured best_measured_method oracle_best_single "
-        "oracle_best_single_policy oracle_combine gap_single gap_combine"
-    )
-    return h + [table(headers, pluck(gap["rows"], keys), left=2)]
 
 
 def validation(d: ReportData) -> list[str]:
@@ -443,33 +319,6 @@ def inputs(d: ReportData) -> list[str]:
             + "</ul>"
         )
     return h
-
-
-def adaptive(d: ReportData) -> list[str]:
-    """Adaptive speculation (issue 12): per trace set, simulated speedup by batch size for no SD, the best
-    static (method, k), the oracles, vLLM's derived batch-size schedule and the online policies; reads
-    analysis["adaptive"] = speclab.simulate.adaptive.evaluate.run()'s result and figs["adaptive_eval"]."""
-    h = ['<h2 id="adaptive">Adaptive speculation (simulated)</h2>']
-    ev = d.analysis.get("adaptive") or {}
-    if not ev.get("rows"):
-        return h + [missing("No adaptive evaluation (python -m speclab.simulate.adaptive.evaluate).")]
-    h.append(f"<p>Cost model {esc(ev.get('cost_model'))}; {esc(ev.get('batching'))}. Learned predictor and "
-             "adaptive-survival's prior: trained on the other sets (held out).</p>")  # fmt: skip
-    for s in ev.get("summary", []):
-        rs = [r for r in ev["rows"] if r["set"] == s["set"]]
-        sizes = sorted({r["batch_size"] for r in rs})
-        body = []
-        for pol in dict.fromkeys(r["policy"] if r["role"] != "best static" else "best static" for r in rs):
-            sel = [r for r in rs if (r["role"] == "best static") == (pol == "best static")
-                   and (pol == "best static" or r["policy"] == pol)]  # fmt: skip
-            sp = {r["batch_size"]: r for r in sel}
-            cells = [f"{sp[b]['speedup']:.2f}x" + (f" ({sp[b]['policy']})" if pol == "best static" else "")
-                     if b in sp else "-" for b in sizes]  # fmt: skip
-            body.append(["no SD" if pol == "none" else pol, *cells])
-        h.append(f"<h3>{esc(s['set'])}</h3>")
-        h.append(table(["policy", *[f"B={b}" for b in sizes]], body))
-        h.append(f"<p>vLLM schedule: <code>{esc(json.dumps(s.get('vllm_config')))}</code></p>")
-    return h + [figure_or_missing(d.figs.get("adaptive_eval"), "No adaptive evaluation plot.")]
 
 
 def latency(d: ReportData) -> list[str]:

