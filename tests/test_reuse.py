@@ -51,7 +51,7 @@ def work(tmp_path_factory):
     try:
         res = demo.run_demo(
             OUT,
-            overrides={"num_prompts": 2, "max_tokens": 16, "batch_sizes": [1, 4]},
+            overrides={"num_prompts": 2, "max_tokens": 16, "batch_sizes": [1]},
             progress=False,
             echo=lambda s: None,
         )
