@@ -151,14 +151,30 @@ def test_demo_run_in_bench_show_validate_and_report(here, capsys):
               "--cost-model", f"{OUT}/cost_model.toml", "--out", "report-again")  # fmt: skip
     html = (here / "report-again" / "report.html").read_text()
     assert html.startswith("<!DOCTYPE html>") and "from validation.json" in html  # RUN/validation.json read
+    assert "token-exact outputs in all" in cli(capsys, "bench", "compare", run, run)
     cli(capsys, "trace", "crosscheck", run, "--out", "crosscheck.json")
     assert "summary" in json.loads((here / "crosscheck.json").read_text())
 
 
-@pytest.mark.parametrize("form", ["linear", "table"])
+FIT_FORMS = {
+    "linear": (),
+    "table": ("--target-form", "table"),  # here no count has enough rows for its own entry
+    "piecewise-chained": (
+        "--target-form",
+        "piecewise",
+        "--draft-form",
+        "chained",
+        "--overhead-form",
+        "linear",
+    ),
+    "table-bins-forwards": ("--target-form", "table", "--table-bins", "--draft-form", "forwards"),
+}
+
+
+@pytest.mark.parametrize("form", list(FIT_FORMS))
 def test_cost_models_fit_output_in_simulate_validate_and_check(here, capsys, form):
     path = f"fit-{form}.toml"
-    cli(capsys, "cost-models", "fit", f"{OUT}/run", "--out", path, "--target-form", form)
+    cli(capsys, "cost-models", "fit", f"{OUT}/run", "--out", path, *FIT_FORMS[form])
     assert get_cost_model(path).draft.keys() >= {"ngram", "draft_model"}
     out = cli(capsys, "simulate", "--traces", f"{OUT}/traced", "--cost-model", path, "--recommend")
     assert "speculative config" in out
