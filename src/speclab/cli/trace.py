@@ -196,19 +196,7 @@ def command(
     if source:
         records = load_records(source)
     else:
-        if not target:
-            raise click.UsageError("--workload needs --target (the model whose greedy outputs are replayed)")
-        from speclab.replay.generate import generate_records
-
-        records = generate_records(
-            workload,
-            target,
-            limit=limit,
-            max_tokens=max_tokens,
-            threads=threads,
-            generator=generator,
-            echo=lambda s: click.echo(s, err=True),
-        )
+        records = _generate(workload, target, limit, max_tokens, threads, generator)
     if "eagle3" in mlist and "target" not in options["eagle3"]:
         options["eagle3"]["target"] = _eagle3_target(records)
     with_ids = [r for r in records if r.prompt_token_ids is not None and r.output_token_ids is not None]
@@ -226,6 +214,30 @@ def command(
         f"replayed {len(with_ids)} requests x {', '.join(mlist)} (k_max {k_max}) -> {out}"
         + (f"; {skipped} records without token ids passed through unchanged" if skipped else "")
     )
+    _summary(mlist, with_ids, compare)
+
+
+def _generate(
+    workload: str, target: str | None, limit: int, max_tokens: int, threads: int | None, generator: str
+) -> list:
+    """--workload: the target's greedy outputs, generated here (speclab.replay.generate)."""
+    if not target:
+        raise click.UsageError("--workload needs --target (the model whose greedy outputs are replayed)")
+    from speclab.replay.generate import generate_records
+
+    return generate_records(
+        workload,
+        target,
+        limit=limit,
+        max_tokens=max_tokens,
+        threads=threads,
+        generator=generator,
+        echo=lambda s: click.echo(s, err=True),
+    )
+
+
+def _summary(mlist: list[str], with_ids: list, compare: dict[str, list[int]]) -> None:
+    """Per method: mean acceptance length and proposal rate over the replayed positions."""
     for m in mlist:
         accs = [r.methods[m].acc_len[1:] for r in with_ids if m in r.methods and r.output_len > 1]
         if accs:
