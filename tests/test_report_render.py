@@ -42,7 +42,8 @@ window.addEventListener('load', function () {
 """
 
 
-def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def chromium(tmp_path: Path, *args: str, scrollbars: bool = False) -> subprocess.CompletedProcess:
+    """Headless chromium; scrollbars: drawn as in a desktop window (they take their width from the page)."""
     cmd = [
         CHROMIUM,
         "--headless",
@@ -53,7 +54,7 @@ def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         "--disable-background-networking",
         "--disable-component-update",
         "--disable-sync",
-        "--hide-scrollbars",
+        *([] if scrollbars else ["--hide-scrollbars"]),
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
         *args,
     ]
@@ -110,3 +111,121 @@ def test_image_check_detects_a_broken_figure(report, tmp_path):
     )
     total, ok, bad = image_check(tmp_path, broken)
     assert total == ok + 1 and bad == "broken-one"
+
+
+# After the load event: does the page, or any table, run wider than the window or its box? Records the page's
+# widths, each table's last header (which table it is) and the ones that overflow.
+WIDTH_CHECK = """
+<script>
+window.addEventListener('load', function () {
+  var de = document.documentElement, bad = [], last = [];
+  if (de.scrollWidth > de.clientWidth) bad.push('page ' + de.scrollWidth + ' > ' + de.clientWidth);
+  var ts = document.querySelectorAll('table');
+  for (var i = 0; i < ts.length; i++) {
+    var t = ts[i], box = t.parentElement, hs = t.querySelectorAll('thead th');
+    var name = hs.length ? hs[hs.length - 1].textContent : '?';
+    last.push(name);
+    var right = t.getBoundingClientRect().right;
+    if (box.scrollWidth > box.clientWidth || right > box.getBoundingClientRect().right + 0.5
+        || right > de.clientWidth)
+      bad.push(name + ' table ' + Math.round(t.getBoundingClientRect().width) + ' px in ' + box.clientWidth);
+  }
+  var d = document.createElement('div');
+  d.id = 'speclab-width-check';
+  d.setAttribute('data-width', String(de.clientWidth));
+  d.setAttribute('data-last', last.join('|'));
+  d.setAttribute('data-bad', bad.join('|'));
+  document.body.appendChild(d);
+});
+</script>
+"""
+
+
+def width_check(tmp_path: Path, html: Path, width: int) -> tuple[int, list[str], str]:
+    """(the page's width inside the window, each table's last header, what overflows) in a desktop window
+    `width` pixels wide, its vertical scrollbar drawn."""
+    probe = tmp_path / f"width-{html.stem}.html"
+    probe.write_text(html.read_text().replace("</body>", WIDTH_CHECK + "</body>"))
+    res = chromium(
+        tmp_path, f"--window-size={width},900", "--virtual-time-budget=10000", "--dump-dom", probe.as_uri(),
+        scrollbars=True,
+    )  # fmt: skip
+    m = re.search(
+        r'id="speclab-width-check" data-width="(\d+)" data-last="([^"]*)" data-bad="([^"]*)"', res.stdout
+    )
+    assert m, f"width check did not run; chromium rc={res.returncode} stderr tail: {res.stderr[-800:]}"
+    return int(m.group(1)), m.group(2).split("|"), m.group(3)
+
+
+def wide_rows(rows: list[dict]) -> list[dict]:
+    """The synthetic rows made as wide as a run on a busy machine makes them: every SD cell measured three
+    times with matched pairs that straddle 1.00x, one of them contended (so each recommendation says at
+    length why it cannot tell), two n-gram entries that differ only in their options (labels carry the
+    options), and a failed cell with a long error."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        if r.get("status") == "ok" and r.get("method") not in (None, "none"):
+            sp = float(r["speedup"])
+            ratios = [min(sp, 1.0) * 0.96, max(sp, 1.0) * 1.04, sp]
+            r["speedup_runs"] = [
+                {"repeat": i + 1, "speedup": x, "contended": i == 2} for i, x in enumerate(ratios)
+            ]
+            r["repeats"] = 3
+            r["speedup_spread"] = {
+                "min": min(ratios[:2]),
+                "max": max(ratios[:2]),
+                "n": 2,
+                "contended_left_out": 1,
+            }
+        out.append(r)
+        if r.get("method") == "ngram":
+            out.append(
+                dict(
+                    r,
+                    cell_id=r["cell_id"] + "-wide",
+                    method_options={"prompt_lookup_min": 2, "prompt_lookup_max": 5},
+                )
+            )
+        if r.get("status") == "failed":
+            r["error"] = (
+                "engine start failed: RuntimeError: CPU KV cache of 2 GiB is too small for max_num_seqs=64 "
+                "at max_model_len=2048 (VLLM_CPU_KVCACHE_SPACE)"
+            )
+    return out
+
+
+@pytest.fixture(scope="module")
+def wide_report(tmp_path_factory):
+    import json
+
+    tmp = tmp_path_factory.mktemp("wide")
+    mp = pytest.MonkeyPatch()
+    fake_simulator(mp)
+    try:
+        run = write_synthetic_run(tmp / "run", n_per_workload=8)
+        rows = [json.loads(ln) for ln in (run / "results.jsonl").read_text().splitlines()]
+        (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in wide_rows(rows)))
+        path = build_report(tmp / "report", run=run, title="SYNTHETIC test data: wide tables at 1,300 px")
+    finally:
+        mp.undo()
+    return path
+
+
+def test_tables_fit_a_1300_pixel_window(wide_report, tmp_path):
+    html = wide_report.read_text()
+    whys = re.findall(r"<td[^>]*>([^<]*straddles[^<]*)</td>", html)
+    assert whys and max(len(w) for w in whys) > 150  # the recommendation's why column is long prose
+    assert "prompt_lookup_max=5,prompt_lookup_min=2" in html
+    width, last, bad = width_check(tmp_path, wide_report, 1300)
+    assert width < 1300  # the page's vertical scrollbar is drawn and takes its share, as on a desktop
+    assert "why" in last and "status" in last  # the recommendation and results tables were measured
+    assert bad == "", f"overflowing at 1,300 px: {bad}"
+
+
+def test_width_check_detects_a_table_too_wide(wide_report, tmp_path):
+    wide = tmp_path / "too-wide.html"
+    cells = "".join(f"<td>{'x' * 30}{i}</td>" for i in range(60))
+    wide.write_text(wide_report.read_text().replace("</main>", f"<table><tr>{cells}</tr></table></main>"))
+    _, _, bad = width_check(tmp_path, wide, 1300)
+    assert bad.startswith("page ") and "table" in bad

@@ -88,6 +88,14 @@ def _progress(desc: str):
 @click.option(
     "--max-tokens", default=256, show_default=True, help="Output tokens per request for --workload."
 )
+@click.option(
+    "--generator",
+    type=click.Choice(["engine", "transformers"]),
+    default="engine",
+    show_default=True,
+    help="--workload outputs from: engine (all prompts batched on a vLLM engine, as the bench runs them) or "
+    "transformers (one request at a time, no vLLM needed; slower). Greedy fp32 either way, same tokens.",
+)
 @click.option("--methods", default="ngram,suffix", show_default=True, help=_METHODS_HELP)
 @click.option("--k-max", default=20, show_default=True, help="Longest proposal replayed per position.")
 @click.option("--out", "out", type=click.Path(), help="Output store (.parquet file, directory, or .jsonl).")
@@ -109,7 +117,8 @@ def _progress(desc: str):
 @click.option("--eagle3-head", default=None, help="EAGLE-3 head (dir or preset name) for eagle3.")
 @click.option("--eagle-head", default=None, help="EAGLE-1 head dir for eagle (experimental; needs --target).")
 @click.option("--max-model-len", default=None, type=int, help="Cap proposals like an engine with this limit.")
-@click.option("--threads", default=None, type=int, help="torch threads for draft_model (default: torch's).")
+@click.option("--threads", default=None, type=int,
+              help="torch threads for draft_model and --generator transformers (default: torch's).")  # fmt: skip
 @click.pass_context
 def command(
     ctx: click.Context,
@@ -118,6 +127,7 @@ def command(
     target: str | None,
     limit: int,
     max_tokens: int,
+    generator: str,
     methods: str,
     k_max: int,
     out: str | None,
@@ -186,11 +196,7 @@ def command(
     if source:
         records = load_records(source)
     else:
-        if not target:
-            raise click.UsageError("--workload needs --target (the model whose greedy outputs are replayed)")
-        from speclab.replay.generate import generate_records
-
-        records = generate_records(workload, target, limit=limit, max_tokens=max_tokens, threads=threads)
+        records = _generate(workload, target, limit, max_tokens, threads, generator)
     if "eagle3" in mlist and "target" not in options["eagle3"]:
         options["eagle3"]["target"] = _eagle3_target(records)
     with_ids = [r for r in records if r.prompt_token_ids is not None and r.output_token_ids is not None]
@@ -208,6 +214,30 @@ def command(
         f"replayed {len(with_ids)} requests x {', '.join(mlist)} (k_max {k_max}) -> {out}"
         + (f"; {skipped} records without token ids passed through unchanged" if skipped else "")
     )
+    _summary(mlist, with_ids, compare)
+
+
+def _generate(
+    workload: str, target: str | None, limit: int, max_tokens: int, threads: int | None, generator: str
+) -> list:
+    """--workload: the target's greedy outputs, generated here (speclab.replay.generate)."""
+    if not target:
+        raise click.UsageError("--workload needs --target (the model whose greedy outputs are replayed)")
+    from speclab.replay.generate import generate_records
+
+    return generate_records(
+        workload,
+        target,
+        limit=limit,
+        max_tokens=max_tokens,
+        threads=threads,
+        generator=generator,
+        echo=lambda s: click.echo(s, err=True),
+    )
+
+
+def _summary(mlist: list[str], with_ids: list, compare: dict[str, list[int]]) -> None:
+    """Per method: mean acceptance length and proposal rate over the replayed positions."""
     for m in mlist:
         accs = [r.methods[m].acc_len[1:] for r in with_ids if m in r.methods and r.output_len > 1]
         if accs:

@@ -130,6 +130,8 @@ class TableTargetCost(PiecewiseTargetCost):
 
     def toml_lines(self) -> list[str]:
         lines = super().toml_lines()
+        if not self.table:  # no count with its own time: exactly the piecewise form (a table must list one)
+            return lines
         lines[0] = 'form = "table"'
         pairs = ", ".join(f"[{c}, {v!r}]" for c, v in self.table)
         return [*lines, *(["interpolate = true"] if self.interpolate else []), f"table = [{pairs}]"]

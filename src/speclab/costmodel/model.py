@@ -140,7 +140,9 @@ class CostModel:
 
     # --- TOML ---------------------------------------------------------------------------------------------
     def to_toml(self, header: str = "") -> str:
-        lines = [header.rstrip()] if header else []
+        """The model as TOML that from_toml reads back; `header` goes first as comments (a line that is not
+        one already gets "# ", so any text, a path or a command line, keeps the file valid TOML)."""
+        lines = [_comment(ln) for ln in header.rstrip().splitlines()] if header.strip() else []
         lines += [
             f"name = {_q(self.name)}",
             f"description = {_q(self.description)}",
@@ -257,8 +259,18 @@ def _check_coef(v: Any, where: str, top: float = MAX_COEF) -> None:
         raise ConfigError(f"{where}: {v!r} out of range 0..{top:g}")
 
 
+def _comment(line: str) -> str:
+    if line.lstrip().startswith("#"):
+        return line.rstrip()
+    return f"# {line}".rstrip()
+
+
 def _q(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    # a TOML basic string: quote and backslash escaped, control characters (a newline in a description) as \uXXXX
+    return '"' + "".join(_ESC.get(c, c) for c in s) + '"'
+
+
+_ESC = {'"': '\\"', "\\": "\\\\", **{chr(i): f"\\u{i:04x}" for i in (*range(0x20), 0x7F)}}
 
 
 def _f(x: float) -> str:
@@ -266,4 +278,4 @@ def _f(x: float) -> str:
 
 
 def _key(m: str) -> str:
-    return m if all(c.isalnum() or c in "_-" for c in m) else _q(m)
+    return m if m and all(c.isascii() and (c.isalnum() or c in "_-") for c in m) else _q(m)

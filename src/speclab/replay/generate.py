@@ -1,11 +1,26 @@
-"""Generate target outputs on the spot (greedy, transformers, fp32 on CPU) for replay tracing without a
-bench run. A bench run's outputs (vLLM) are preferred: they are what an engine really produced."""
+"""Generate target outputs on the spot (greedy, fp32) for replay tracing without a bench run
+(`speclab trace --workload`). A bench run's outputs are preferred: they are what an engine really produced.
+
+Two generators give the same tokens in fp32 (tests/test_generate_engine.py checks it on a few prompts):
+- "engine" (the default): every prompt at once through the bench's engine path: one vLLM engine worker
+  (speclab.engine.worker, in its own subprocess, with the bench's settings: greedy, EOS respected, prefix
+  caching off), one continuous-batching cell that admits up to `max_batch` requests at a time;
+- "transformers": one request at a time with transformers' `generate` (no vLLM needed; several times slower).
+"""
 
 from __future__ import annotations
 
 import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
+from speclab.errors import SpeclabError
 from speclab.traces import RequestTrace
+
+GENERATORS = ("engine", "transformers")
+MAX_BATCH = 256  # requests in flight at once on the engine (vLLM queues the rest)
 
 
 def generate_records(
@@ -15,23 +30,115 @@ def generate_records(
     max_tokens: int = 256,
     threads: int | None = None,
     max_prompt_tokens: int | None = 1024,
+    generator: str = "engine",
+    max_batch: int = MAX_BATCH,
+    echo: Callable[[str], None] | None = None,
 ) -> list[RequestTrace]:
-    import torch
-    from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """Greedy fp32 outputs of `target` for the first `limit` prompts of `workload`, as records with token
+    ids and no method traces. threads: torch threads of the transformers generator."""
     from speclab.models.prepare import resolve_model
     from speclab.workloads import load_workload, render_prompt
+    from speclab.workloads.render import load_tokenizer
+
+    if generator not in GENERATORS:
+        raise SpeclabError(f"generator {generator!r} not one of {', '.join(GENERATORS)}")
+    path = resolve_model(target)
+    tok = load_tokenizer(str(path))
+    prompts = load_workload(workload, limit=limit)
+    rendered = [render_prompt(pr, tok, max_prompt_tokens=max_prompt_tokens) for pr in prompts]
+    ids = [r[0] for r in rendered]
+    if not ids:
+        return []
+    if generator == "engine":
+        outputs = engine_generate(ids, path, max_tokens, max_batch=max_batch, echo=echo)
+    else:
+        outputs = transformers_generate(ids, path, max_tokens, eos=tok.eos_token_id, threads=threads)
+    return [
+        RequestTrace(
+            id=pr.id,
+            workload=pr.workload,
+            category=pr.category,
+            prompt_len=len(p),
+            output_len=len(gen),
+            prompt_token_ids=p,
+            output_token_ids=gen,
+            meta={"source": "trace-generate", "target": str(path), "truncated_prompt": truncated},
+        )
+        for pr, (p, truncated), gen in zip(prompts, rendered, outputs, strict=True)
+    ]
+
+
+def engine_generate(
+    prompts: list[list[int]],
+    target: str | Path,
+    max_tokens: int,
+    max_batch: int = MAX_BATCH,
+    dtype: str = "float32",
+    echo: Callable[[str], None] | None = None,
+    work_dir: str | Path | None = None,
+) -> list[list[int]]:
+    """Greedy outputs of every prompt (token ids, EOS included where reached) from one vLLM engine worker
+    running them as one continuous-batching cell, as the bench runs a cell."""
+    from speclab.engine.protocol import CellSpec, EngineSpec, Job, PromptSpec, write_job
+
+    batch = max(1, min(len(prompts), max_batch))
+    spec = EngineSpec(
+        target=str(target),
+        dtype=dtype,
+        max_model_len=max(len(p) for p in prompts) + max_tokens,
+        max_num_seqs=batch,
+    )
+    cell = CellSpec(
+        "generate", "continuous", batch, max_tokens, [PromptSpec(f"p{i}", p) for i, p in enumerate(prompts)]
+    )
+    job = Job(spec, [cell], warmup=False)
+    job.validate()
+    say = echo or (lambda s: print(s, file=sys.stderr, flush=True))
+    say(
+        f"generating {len(prompts)} request(s) x up to {max_tokens} tokens on a vLLM engine ({dtype}, greedy, "
+        f"up to {batch} at once)"
+    )
+    with tempfile.TemporaryDirectory(prefix="speclab-generate-", dir=work_dir) as tmp:
+        d = Path(tmp)
+        write_job(job, d / "job.json")
+        result = _run_worker(d)
+    by_id = {r.id: r.output_token_ids for r in result.requests}
+    return [list(by_id[f"p{i}"]) for i in range(len(prompts))]
+
+
+def _run_worker(d: Path) -> Any:
+    """Run the job in d/job.json on an engine worker; its one cell's result (SpeclabError if it failed)."""
+    from speclab.engine.launch import describe_exit, launch_worker, log_tail, stop_worker
+    from speclab.engine.protocol import read_results
+
+    with open(d / "worker.log", "wb") as log:
+        proc = launch_worker(d / "job.json", d / "cells.jsonl", log=log)
+        try:
+            rc = proc.wait()
+        except BaseException:
+            stop_worker(proc)
+            raise
+    results = read_results(d / "cells.jsonl") if (d / "cells.jsonl").exists() else []
+    if not results:
+        raise SpeclabError(f"generation engine {describe_exit(rc)}: {log_tail(d / 'worker.log')}")
+    if results[0].status != "ok":
+        raise SpeclabError(f"generation failed on the engine: {results[0].error}")
+    return results[0]
+
+
+def transformers_generate(
+    prompts: list[list[int]], target: str | Path, max_tokens: int, eos: int | None, threads: int | None = None
+) -> list[list[int]]:
+    """Greedy fp32 outputs with transformers, one request at a time (EOS included where reached)."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM
 
     if threads:
         torch.set_num_threads(threads)
-    path = resolve_model(target)
-    tok = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    eos = tok.eos_token_id
-    records = []
-    for pr in tqdm(load_workload(workload, limit=limit), desc="generate", unit="req", file=sys.stderr):
-        ids, truncated = render_prompt(pr, tok, max_prompt_tokens=max_prompt_tokens)
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    outputs = []
+    for ids in tqdm(prompts, desc="generate", unit="req", file=sys.stderr):
         with torch.inference_mode():
             out = model.generate(
                 torch.tensor([ids]),
@@ -41,17 +148,5 @@ def generate_records(
                 eos_token_id=eos,
                 pad_token_id=eos,
             )
-        gen = out[0, len(ids) :].tolist()
-        records.append(
-            RequestTrace(
-                id=pr.id,
-                workload=pr.workload,
-                category=pr.category,
-                prompt_len=len(ids),
-                output_len=len(gen),
-                prompt_token_ids=ids,
-                output_token_ids=gen,
-                meta={"source": "trace-generate", "target": str(path), "truncated_prompt": truncated},
-            )
-        )
-    return records
+        outputs.append(out[0, len(ids) :].tolist())
+    return outputs

@@ -20,10 +20,11 @@ h1{font-size:1.6em;margin:.4em 0 .1em} h2{border-bottom:2px solid #ddd;padding-b
 .warn{color:#8a5a00}
 table{border-collapse:collapse;font-size:12.5px;margin:.5em 0}
 th,td{border:1px solid #ddd;padding:3px 7px;text-align:right;white-space:nowrap}
-th{background:#f4f4f4;position:sticky;top:0} td.l,th.l{text-align:left}
+th{background:#f4f4f4;position:sticky;top:0;white-space:normal;vertical-align:bottom}
+td.l,th.l,td.t,th.t{text-align:left} td.l,td.t,td.w{white-space:normal} td.long{overflow-wrap:anywhere;min-width:9em}
 tr.off td{background:#fdecec} tr.marginal td{background:#fff8e0} tr.failed td{color:#a00}
 .pair{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start}
-.pair>figure{flex:1.4 1 700px;min-width:480px} .pair>.tbl{flex:1 1 480px;overflow:auto;max-height:760px}
+.pair>figure{flex:1.4 1 700px;min-width:480px} .pair>.tbl{flex:1 1 auto;overflow:auto;max-height:760px}
 figure{margin:.6em 0} figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{color:#555;font-size:13px;max-width:1100px}
 pre{background:#f7f7f7;padding:8px 12px;overflow:auto;font-size:12px;max-height:400px}
@@ -44,15 +45,41 @@ def num(v: Any, digits: int = 2) -> str:
     return esc(fmt(v, digits))
 
 
+# a text cell with a word longer than this may break inside it (a label with its options, a path)
+LONG_WORD = 24
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _cell_class(value: Any, column: str) -> str:
+    """column: "l" (a left label column), "t" (text: no number in it) or "" (numbers). Numbers stay on one
+    line; text wraps at spaces and hyphens (inside a very long word too), so a table with a column of
+    sentences (why, verdict) fits a laptop window instead of running off its right edge."""
+    if not isinstance(value, str):
+        return column
+    long = " long" if any(len(w) > LONG_WORD for w in value.replace("-", " ").split()) else ""
+    return (column or "w") + long
+
+
 def table(
     headers: list[str], rows: list[list[Any]], left: int = 1, row_classes: list[str] | None = None
 ) -> str:
-    """A table; the first `left` columns are left-aligned, `row_classes` (if given) classes each body row."""
-    head = "".join(f'<th class="{"l" if i < left else ""}">{esc(h)}</th>' for i, h in enumerate(headers))
+    """A table; the first `left` columns are left-aligned, and so are the other columns that hold text and no
+    number; `row_classes` (if given) classes each body row."""
+    cols = [
+        "l" if i < left else ("t" if not any(_is_number(r[i]) for r in rows if i < len(r)) else "")
+        for i in range(len(headers))
+    ]
+    head = "".join(f'<th class="{cols[i]}">{esc(h)}</th>' for i, h in enumerate(headers))
     body = []
     for j, r in enumerate(rows):
         cls = f' class="{row_classes[j]}"' if row_classes and row_classes[j] else ""
-        tds = "".join(f'<td class="{"l" if i < left else ""}">{num(c)}</td>' for i, c in enumerate(r))
+        tds = "".join(
+            f'<td class="{_cell_class(c, cols[i] if i < len(cols) else "")}">{num(c)}</td>'
+            for i, c in enumerate(r)
+        )
         body.append(f"<tr{cls}>{tds}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 

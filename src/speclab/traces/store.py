@@ -327,7 +327,10 @@ def iter_store_files(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 def read_store(path: str | os.PathLike[str], validate: bool = True) -> list[RequestTrace]:
     """Read every record of a store (file or directory). Readers take no lock: a part that vanishes while
-    reading (a writer swapped the store in) makes the read start again on the new store."""
+    reading (a writer swapped the store in) makes the read start again on the new store. A .jsonl file is
+    speclab's lossless JSON Lines (`trace --out X.jsonl`, `traces export`), read as such."""
+    if Path(path).suffix == ".jsonl" and Path(path).is_file():
+        return read_jsonl(path)
     for _ in range(4):
         try:
             return _read_parts(path, validate)
