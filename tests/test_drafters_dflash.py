@@ -141,7 +141,7 @@ def test_presets_and_method() -> None:
     from speclab.models import get_preset
 
     assert "dflash" in DRAFTER_CHECKPOINT_METHODS and "dflash" in MODEL_BASED
-    for name, vocab in (("smollm2-135m-dflash-probe", 8192), ("smollm2-135m-dflash-probe-fv", 0)):
+    for name, vocab in (("smollm2-135m-dflash-probe", 8192),):
         p = get_preset(name)
         assert p.role == "dflash" and p.buildable and p.dtypes == ("float32",)
         assert DFlashProbe.from_table(p.probe, name).draft_vocab == vocab

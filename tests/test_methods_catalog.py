@@ -37,9 +37,6 @@ def test_trace_method_name() -> None:
     assert trace_method_name("ngram", {"prompt_lookup_min": 2}) == "ngram"
     assert trace_method_name("custom_class", {"model": "pkg.mod.MyProposer"}) == "custom:MyProposer"
     assert trace_method_name("custom_class", {}) == "custom:custom"
-    # an engine drafter driven by speclab's adaptive rule (hybrid_live) is not the built-in method's trace
-    hybrid = trace_method_name("eagle3", {"model": "/h", "proposer_options": {}})
-    assert hybrid == "custom:HybridAdaptive-eagle3" and check_method_name(hybrid) == hybrid
 
 
 @pytest.mark.parametrize("method", ENGINE_METHODS)

@@ -17,11 +17,7 @@ that view from observable signals only:
   are the hindsight (`StepView.hindsight` / `past_offers`);
 - the outcome of the previous step: accepted = len(sampled) - 1 after a non-empty draft (the scheduler's
   own formula), passed to `Policy.observe`;
-- the live batch: occupancy = rows in the call (prefilling rows included), batch KV = their tokens;
-- with `price_fit`, the prices themselves: the wall time from one call to the next is one engine step
-  that verified the drafts returned at the first call, so the driver refits its cost model's step, request
-  and draft-token prices from those intervals as it runs (speclab.costmodel.online; steps that carried a
-  prefill are not fitted), and the policy prices with the refitted model from then on.
+- the live batch: occupancy = rows in the call (prefilling rows included), batch KV = their tokens.
 
 A position the engine stepped over (inside a multi-token step) was never probed; it is given the draft of
 the last probed position shifted by the distance (the same source span, continued), which is what the
@@ -42,7 +38,6 @@ import numpy as np
 
 from speclab.costmodel import get_cost_model
 from speclab.costmodel.model import CostModel
-from speclab.costmodel.online import OnlinePriceFit
 from speclab.errors import ConfigError
 from speclab.methods.catalog import MODEL_BASED, NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.simulate.adaptive.base import RATE_WINDOW, AdaptiveBase
@@ -50,19 +45,14 @@ from speclab.simulate.policies import PolicyContext, StepOutcome, StepView, make
 
 DEFAULT_COST_MODEL = "smollm2-135m-cpu-live"
 LIVE_METHODS = ("ngram", "suffix")  # model-free proposers the driver can run as probes
-# what the vLLM adapter (vllm_custom.SpeclabAdaptiveProposer) runs without options: the n-gram probe only,
-# with the lookup priors pooled over the requests served; on one engine start-up it was the faster of the
-# two against the rule with both probes (docs/adaptive.md, "Stop 22": 5 of 6 cells, 9 of 11 rounds at
-# code-edit B = 4 and 16), at a quarter to a half of its time per step
+# what the vLLM adapter (SpeclabAdaptiveProposer) runs without options: the n-gram probe only, with the
+# lookup priors pooled over the requests served; on one engine start-up it was the faster of the two
+# against the rule with both probes, at a quarter to a half of its time per step
+# (docs/results/2026-12-03-adaptive-live.md)
 ENGINE_DEFAULT_METHODS = ("ngram",)
 ENGINE_DEFAULT_POLICY = "adaptive-pooled"
-# a model-based drafter's drafts come from the engine (the caller's `draft_model` callback): a head or draft
-# model that vLLM runs, which a custom_class proposer cannot (speclab.methods.hybrid_live)
-MODEL_KMAX_DEFAULT = 3
-ModelDrafts = Callable[[int], Sequence[Sequence[int]]]
 WINDOW = RATE_WINDOW  # positions of hindsight kept per request (what the rule reads)
 _CAPACITY = 256  # initial size of the policy's per-request arrays (slots are recycled)
-REFIT_EVERY = 8  # fitted step intervals between two updates of the policy's prices (price_fit)
 
 
 def vllm_ngram_kernel() -> Callable[..., np.ndarray] | None:
@@ -175,9 +165,7 @@ class AdaptiveDriver:
 
     `methods`: the model-free proposers to choose among (ngram, suffix); `kmax`: the most drafts per step
     (<= the engine's num_speculative_tokens); `cost_model`: name or path (prices the goodput);
-    `policy`: a registered adaptive policy family (`adaptive` or `adaptive-learned`); `price_fit`: refit
-    the cost model's prices online from the intervals between calls (model-free methods only; options of
-    speclab.costmodel.online.OnlinePriceFit as a dict, or True for its defaults)."""
+    `policy`: a registered adaptive policy family (`adaptive`, `adaptive-pooled` or `adaptive-gated`)."""
 
     def __init__(
         self,
@@ -189,35 +177,24 @@ class AdaptiveDriver:
         ngram: dict[str, Any] | None = None,
         suffix: dict[str, Any] | None = None,
         ngram_impl: str = "auto",
-        model_drafter: bool = False,
-        kmax_model: int = MODEL_KMAX_DEFAULT,
-        price_fit: bool | dict[str, Any] = False,
-        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         methods = tuple(methods)
-        model = tuple(m for m in methods if m in MODEL_BASED)
-        bad = [m for m in methods if m not in LIVE_METHODS and m not in MODEL_BASED]
-        if bad:
-            raise ConfigError(
-                f"adaptive proposer: unknown method {bad[0]!r} (model-free: {', '.join(LIVE_METHODS)}; "
-                "or one model-based drafter that the engine runs, see speclab.methods.hybrid_live)"
-            )
-        if model and not model_drafter:
+        model = [m for m in methods if m in MODEL_BASED]
+        if model:
             raise ConfigError(
                 f"adaptive proposer: {model[0]!r} is model-based; a custom_class proposer cannot run it "
-                "(vLLM gives it no hidden states). Use the engine's own drafter with speclab's hybrid "
-                "(method eagle3 plus proposer_options, docs/adaptive.md)"
+                f"(vLLM gives it no hidden states); use {', '.join(LIVE_METHODS)}"
             )
-        if len(model) > 1:
-            raise ConfigError(f"adaptive proposer: at most one model-based drafter, got {', '.join(model)}")
+        bad = [m for m in methods if m not in LIVE_METHODS]
+        if bad:
+            raise ConfigError(
+                f"adaptive proposer: unknown method {bad[0]!r} (have: {', '.join(LIVE_METHODS)})"
+            )
         if not methods or len(set(methods)) != len(methods):
             raise ConfigError("adaptive proposer: methods must be a non-empty list without repeats")
-        if kmax < 1 or kmax_model < 1:
-            raise ConfigError(f"adaptive proposer: kmax must be >= 1, got {min(kmax, kmax_model)}")
+        if kmax < 1:
+            raise ConfigError(f"adaptive proposer: kmax must be >= 1, got {kmax}")
         self.kmax = int(kmax)
-        # the model-based method's index in `methods` (None: model-free only) and its most drafts
-        self.model_index = methods.index(model[0]) if model else None
-        self.kmax_model = min(int(kmax_model), self.kmax)
         self.max_model_len = max_model_len
         self.cm = get_cost_model(cost_model)
         spec = f"{policy}:{','.join(methods)}:{self.kmax}"
@@ -225,7 +202,7 @@ class AdaptiveDriver:
         if not isinstance(pol, AdaptiveBase):
             raise ConfigError(f"adaptive proposer: policy {policy!r} is not an adaptive policy")
         pol.bind(methods, self.cm, named=True)
-        missing = [m for i, m in enumerate(methods) if m not in pol.probes and i != self.model_index]
+        missing = [m for m in methods if m not in pol.probes]
         if missing:
             raise ConfigError(
                 f"adaptive proposer: cost model {self.cm.name!r} must charge {missing[0]} as a probe "
@@ -234,24 +211,10 @@ class AdaptiveDriver:
         pol.cost_model = self.cm
         self.policy = pol
         self.methods = methods
-        self.clock = clock
-        self.fit: OnlinePriceFit | None = None
-        if price_fit:
-            if self.model_index is not None:
-                raise ConfigError(
-                    "adaptive proposer: price_fit is for the model-free proposer (its step intervals do not "
-                    "say what the engine's drafter cost)"
-                )
-            opts = dict(price_fit) if isinstance(price_fit, dict) else {}
-            try:
-                self.fit = OnlinePriceFit(self.cm, pol.probes, self.kmax, **opts)
-            except (TypeError, ConfigError) as exc:
-                raise ConfigError(f"adaptive proposer: price_fit: {exc}") from None
-        self._last_call: float | None = None  # the clock at the previous call (price_fit)
-        self._fitted_since = 0
         self._cap = _CAPACITY
-        k_max = {m: (self.kmax_model if i == self.model_index else self.kmax) for i, m in enumerate(methods)}
-        pol.begin(PolicyContext(num_requests=self._cap, batch_size=0, k_max=k_max))
+        pol.begin(
+            PolicyContext(num_requests=self._cap, batch_size=0, k_max=dict.fromkeys(methods, self.kmax))
+        )
         self._free: list[int] = []
         self._next_slot = 0
         self.probes: dict[str, Callable[[_Request, np.ndarray, Sequence[int], int], list[int]]] = {}
@@ -283,7 +246,6 @@ class AdaptiveDriver:
         self._reqs: dict[bytes, list[_Request]] = {}
         # counters for tests and logs: decisions per method name ("off" = no drafts) and rows seen
         self.counts: dict[str, int] = dict.fromkeys(("off", *methods), 0)
-        self.passes: dict[int, int] = {}  # steps by the model-based drafter's passes (hybrid only)
         # rows whose probes ran / were skipped by a gated policy (adaptive-gated: AdaptiveBase.gate)
         self.probe_rows: dict[str, int] = {"probed": 0, "skipped": 0}
 
@@ -359,26 +321,12 @@ class AdaptiveDriver:
         sampled_token_ids: Sequence[Sequence[int]],
         num_tokens: np.ndarray,
         token_ids: np.ndarray,
-        draft_model: ModelDrafts | None = None,
     ) -> list[list[int]]:
         """One proposer call: per row, this step's committed tokens (empty while prefilling), the row's
-        token count (these included) and the token table (row i valid up to num_tokens[i]).
-
-        With a model-based method, `draft_model(P)` runs the engine's drafter for P chained passes and
-        returns every row's P drafts (rows in this call's order). It is called exactly once per step, after
-        the decision, with P = the most drafts any row chose from it, P = 0 included (what the engine does
-        then is the callback's choice: speclab.methods.hybrid_live skips vLLM's drafter, or runs its
-        KV catch-up forward with `catch_up`)."""
-        if self.model_index is not None and draft_model is None:
-            raise ConfigError(
-                "adaptive proposer: a model-based method needs the engine's draft_model callback"
-            )
-        now = self.clock()
+        token count (these included) and the token table (row i valid up to num_tokens[i])."""
         rows = len(sampled_token_ids)
         out: list[list[int]] = [[] for _ in range(rows)]
         kv = float(np.sum(np.asarray(num_tokens[:rows], dtype=np.float64)))
-        prefill = False  # a row prefilled in the step that just ran (its interval is not a decode step)
-        verified = 0  # draft tokens the step that just ran verified (returned at the previous call)
         live: list[tuple[int, _Request, np.ndarray]] = []
         args: list[tuple[Sequence[int], int]] = []  # per live row: this step's tokens, context length
         new_reqs: dict[bytes, list[_Request]] = {}
@@ -387,18 +335,15 @@ class AdaptiveDriver:
             n = int(num_tokens[i])
             m = len(sampled)
             if not m:
-                prefill = True
                 continue  # partial prefill: no proposal (the row still counts in the batch)
             row = np.ascontiguousarray(token_ids[i, :n], dtype=np.int32)
             prev = self._reqs.get(ctx_key(row[: n - m]))
             if prev:
                 req = prev.pop(0)
                 req.steps += 1
-                verified += req.last_k
                 if req.last_k > 0:
                     obs.append((req.slot, req.last_method, req.last_k, min(m - 1, req.last_k)))
             else:
-                prefill = True
                 req = self._new_request(n - m)
                 self._probe_prompt(req, row, n - m)
             new_reqs.setdefault(ctx_key(row), []).append(req)
@@ -421,10 +366,6 @@ class AdaptiveDriver:
             self._suffix.stop_missing(
                 [r.suffix_id for rs in new_reqs.values() for r in rs if r.suffix_id is not None]
             )
-        if self.fit is not None:
-            if self._last_call is not None and not prefill and rows:
-                self._add_interval(rows, verified, kv, now - self._last_call)
-            self._last_call = now
         if obs:
             a = np.array(obs, dtype=np.int64)
             self.policy.observe(StepOutcome(req=a[:, 0], method=a[:, 1], k=a[:, 2], accepted=a[:, 3]))
@@ -442,31 +383,23 @@ class AdaptiveDriver:
                     req.hist[meth].last = (req.pos, [])
             self.probe_rows["probed" if run else "skipped"] += 1
         offered = any(len(req.hist[m].last[1]) for _, req, _ in live for m in self.probes)  # type: ignore[index]
-        if not live or (self.model_index is None and not offered and view is None):
-            # nothing offered by any probe (and no drafter): every option drafts nothing, so the rule's
-            # answer is "off" for all rows (its survival is 0 beyond the offer); skip computing it (a gated
-            # policy's decide also says which rows to keep probing: not skipped)
+        if not live or (not offered and view is None):
+            # nothing offered by any probe: every option drafts nothing, so the rule's answer is "off" for
+            # all rows (its survival is 0 beyond the offer); skip computing it (a gated policy's decide also
+            # says which rows to keep probing: not skipped)
             self.counts["off"] += len(live)
-            if draft_model is not None:
-                self._run_model(draft_model, 0)
             return out
         if view is None:
             view = self._view(live, rows, kv)
         else:
             self._set_offers(view, live)
         meth, k = self.policy.decide(view)
-        chosen = list(zip(live, meth.tolist(), k.tolist(), strict=True))
-        model_drafts: Sequence[Sequence[int]] = ()
-        if draft_model is not None:
-            passes = max((kk for _, j, kk in chosen if j == self.model_index), default=0)
-            model_drafts = self._run_model(draft_model, min(max(passes, 0), self.kmax_model))
-        for (i, req, _), j, kk in chosen:
+        for (i, req, _), j, kk in zip(live, meth.tolist(), k.tolist(), strict=True):
             if j < 0 or kk <= 0:
                 self.counts["off"] += 1
                 continue
             name = self.methods[j]
-            src = model_drafts[i] if j == self.model_index else req.hist[name].last[1]  # type: ignore[index]
-            draft = [int(t) for t in src[: min(kk, self.kmax)]]
+            draft = [int(t) for t in req.hist[name].last[1][: min(kk, self.kmax)]]  # type: ignore[index]
             if len(draft) == 0:
                 self.counts["off"] += 1
                 continue
@@ -474,23 +407,6 @@ class AdaptiveDriver:
             req.last_method, req.last_k = j, len(draft)
             out[i] = draft
         return out
-
-    def _add_interval(self, rows: int, verified: int, kv: float, seconds: float) -> None:
-        """One decode/verify step's wall time into the online fit; every REFIT_EVERY fitted steps (once the
-        fit has its minimum) the policy prices with the refitted model."""
-        assert self.fit is not None
-        if not self.fit.add(rows, verified, kv, seconds):
-            return
-        self._fitted_since += 1
-        if self.fit.samples >= self.fit.min_samples and self._fitted_since >= REFIT_EVERY:
-            self._fitted_since = 0
-            self.cm = self.fit.model()
-            self.policy.cm = self.cm
-            self.policy.cost_model = self.cm
-
-    def _run_model(self, draft_model: ModelDrafts, passes: int) -> Sequence[Sequence[int]]:
-        self.passes[passes] = self.passes.get(passes, 0) + 1
-        return draft_model(passes)
 
     def _view(self, live: list[tuple[int, _Request, np.ndarray]], rows: int, kv: float) -> StepView:
         """The simulator's StepView for the decoding rows: hindsight and offers per probe over the last
@@ -543,16 +459,11 @@ def play_engine(
     order_seed: int = 0,
     max_len: int = 4096,
     timer: list[float] | None = None,
-    drafter: Callable[[int, int, int], Sequence[int]] | None = None,
-    passes: list[int] | None = None,
 ) -> dict[int, list[tuple[int, int]]]:
     """Play vLLM around the driver, offline: requests (prompt, greedy target output) under continuous
     batching, at most `batch` running; rows are shuffled every step (vLLM compacts them); a row commits its
     accepted drafts plus one token. Returns per request the (drafted, accepted) of its steps that drafted.
-    `timer`, if given, receives the seconds of every driver.step call (for benchmarks/bench_adaptive_driver.py).
-    `drafter(request, position, P)` stands in for the engine's model-based drafter (P drafts for that request
-    at that output position); `passes` receives P of every call the driver makes to it.
-    Used by the tests and the driver benchmark; no engine needed."""
+    `timer`, if given, receives the seconds of every driver.step call. Used by the tests; no engine needed."""
     rng = np.random.default_rng(order_seed)
     waiting = list(range(len(reqs)))
     running: dict[int, list[int]] = {}  # request -> committed tokens so far (prompt + output)
@@ -573,17 +484,8 @@ def play_engine(
         for r, i in enumerate(ids):
             table[r, : len(running[i])] = running[i]
             nt[r] = len(running[i])
-        draft_model = None
-        if drafter is not None:
-
-            def draft_model(p: int, ids: list[int] = ids) -> list[list[int]]:
-                if passes is not None:
-                    passes.append(p)
-                return [list(drafter(i, len(running[i]) - len(reqs[i][0]), p))[:p] for i in ids]
-
         t0 = time.perf_counter()
-        step_args: tuple[Any, ...] = ([sampled[i] for i in ids], nt, table)
-        drafts = driver.step(*step_args, draft_model) if draft_model is not None else driver.step(*step_args)
+        drafts = driver.step([sampled[i] for i in ids], nt, table)
         if timer is not None:
             timer.append(time.perf_counter() - t0)
         if len(drafts) != len(ids):

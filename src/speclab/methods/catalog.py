@@ -66,21 +66,7 @@ NGRAM_MAX_N = 7
 
 
 def trace_method_name(method: str, options: dict[str, Any]) -> str:
-    """The trace method name of an engine method: custom_class runs appear as custom:<ClassName>, an
-    engine drafter driven by speclab's adaptive rule (proposer_options on eagle3: speclab.methods.hybrid_live)
-    as custom:HybridAdaptive-<method>."""
+    """The trace method name of an engine method: custom_class runs appear as custom:<ClassName>."""
     if method == "custom_class":
         return "custom:" + str(options.get("model", "custom")).rsplit(".", 1)[-1]
-    if is_hybrid(method, options):
-        return f"custom:{HYBRID_PREFIX}{method}"
     return method
-
-
-HYBRID_PREFIX = "HybridAdaptive-"
-HYBRID_METHODS = ("eagle3", "eagle")  # vLLM methods whose drafter takes a per-call number of passes
-
-
-def is_hybrid(method: str, options: dict[str, Any]) -> bool:
-    """An engine drafter driven by speclab's adaptive rule (speclab.methods.hybrid_live): proposer_options
-    on one of HYBRID_METHODS (on custom_class they are speclab's adapters' options instead)."""
-    return method in HYBRID_METHODS and options.get("proposer_options") is not None

@@ -191,53 +191,6 @@ class OracleCombine(Policy):
         return best.astype(np.int64), accs.max(axis=0).astype(np.int64) - 1
 
 
-class AdaptiveK(Policy):
-    """Online adaptive proposal length: k = clip(round(ema) + 1, 1, kmax), where ema is an exponential moving
-    average (weight alpha on the newest step) of the request's accepted drafts; starts at k = kstart.
-    A step that accepts everything pushes k up by about one; rejections pull it down."""
-
-    def begin(self, ctx: PolicyContext) -> None:
-        super().begin(ctx)
-        self.ema = np.full(ctx.num_requests, float(self.extra["kstart"] - 1))
-
-    def decide(self, view: StepView) -> tuple[np.ndarray, np.ndarray]:
-        k = np.clip(np.floor(self.ema[view.req] + 0.5).astype(np.int64) + 1, 1, self.extra["kmax"])
-        npr = view.num_proposed(self.methods[0])
-        if npr is not None:
-            k = np.minimum(k, npr)
-        return np.zeros(len(view), np.int64), k
-
-    def observe(self, outcome: StepOutcome) -> None:
-        a = self.extra["alpha"]
-        self.ema[outcome.req] = a * outcome.accepted + (1 - a) * self.ema[outcome.req]
-
-
-class SelectEMA(Policy):
-    """Online method selector: per request, the method with the highest exponential moving average of accepted
-    drafts proposes K (capped by recorded offers). Only the chosen method's outcome is observed (what an engine
-    sees); every EMA starts optimistic at K so each method gets tried. Ties go to the first listed method."""
-
-    def begin(self, ctx: PolicyContext) -> None:
-        super().begin(ctx)
-        self.ema = np.full((len(self.methods), ctx.num_requests), float(self.extra["k"]))
-
-    def decide(self, view: StepView) -> tuple[np.ndarray, np.ndarray]:
-        meth = self.ema[:, view.req].argmax(axis=0).astype(np.int64)
-        k = np.full(len(view), self.extra["k"], np.int64)
-        for j, m in enumerate(self.methods):
-            npr = view.num_proposed(m)
-            if npr is not None:
-                sel = meth == j
-                k[sel] = np.minimum(k[sel], npr[sel])
-        return meth, k
-
-    def observe(self, outcome: StepOutcome) -> None:
-        a = self.extra["alpha"]
-        sel = outcome.method >= 0
-        m, r = outcome.method[sel], outcome.req[sel]
-        self.ema[m, r] = a * outcome.accepted[sel] + (1 - a) * self.ema[m, r]
-
-
 # --- registry -------------------------------------------------------------------------------------------
 @dataclass
 class PolicyInfo:
@@ -273,8 +226,8 @@ def _int(s: str, what: str, spec: str, lo: int = 0, hi: int = K_MAX_LIMIT) -> in
 
 def check_k_within_traces(policies: list[Policy], k_max: dict[str, int]) -> list[str]:
     """Before any simulation: a trace cannot tell what a proposal longer than its k_max would get accepted,
-    so a fixed K (fixed, select-ema) above the traces' k_max is refused, and an adaptive policy's ceiling
-    KMAX is capped at it (with a note). Without this the run failed partway, or not, depending on the data."""
+    so a fixed K above the traces' k_max is refused, and a policy's ceiling KMAX (extra "kmax") is
+    capped at it (with a note). Without this the run failed partway, or not, depending on the data."""
     notes: list[str] = []
     for p in policies:
         top = p.extra.get("max_k")
@@ -287,7 +240,8 @@ def check_k_within_traces(policies: list[Policy], k_max: dict[str, int]) -> list
                 f"{', '.join(p.methods)} only up to k_max={limit}"
             )
         p.extra["kmax"] = p.extra["max_k"] = limit
-        p.extra["kstart"] = min(p.extra["kstart"], limit)
+        if "kstart" in p.extra:
+            p.extra["kstart"] = min(p.extra["kstart"], limit)
         notes.append(f"policy {p.spec}: KMAX {top} capped at the traces' k_max {limit}")
     return notes
 
@@ -338,32 +292,6 @@ def _combine(spec: str, args: list[str], opts: dict) -> Policy:
     )
 
 
-def _adaptive(spec: str, args: list[str], opts: dict) -> Policy:
-    _need(args, 1, 3, spec, "adaptive-k:METHOD[:KMAX[:KSTART]]")
-    m = _method(args[0], spec)
-    kmax = _int(args[1], "KMAX", spec, 1) if len(args) > 1 else 8
-    kstart = _int(args[2], "KSTART", spec, 1) if len(args) > 2 else min(3, kmax)
-    if kstart > kmax:
-        raise ConfigError(f"policy {spec!r}: KSTART {kstart} exceeds KMAX {kmax}")
-    canon = (
-        f"adaptive-k:{m}" + (f":{kmax}" if len(args) > 1 else "") + (f":{kstart}" if len(args) > 2 else "")
-    )
-    return AdaptiveK(
-        spec=canon, methods=(m,), extra={"kmax": kmax, "kstart": kstart, "alpha": 0.5, "max_k": kmax}
-    )
-
-
-def _select(spec: str, args: list[str], opts: dict) -> Policy:
-    _need(args, 2, 2, spec, "select-ema:M1,M2[,...]:K")
-    ms = tuple(_method(x.strip(), spec) for x in args[0].split(","))
-    if len(ms) < 2 or len(set(ms)) != len(ms):
-        raise ConfigError(f"policy {spec!r}: needs two or more distinct methods")
-    k = _int(args[1], "K", spec, 1)
-    return SelectEMA(
-        spec=f"select-ema:{','.join(ms)}:{k}", methods=ms, extra={"k": k, "alpha": 0.5, "max_k": k}
-    )
-
-
 register_policy("none", "none", "no speculative decoding (the baseline)", _none)
 register_policy(
     "fixed", "fixed:METHOD:K", "always propose K drafts with METHOD (capped by recorded offers)", _fixed
@@ -376,18 +304,6 @@ register_policy(
     "oracle-combine:M1,M2[,...]",
     "per position the method with the longest acceptance, oracle length (upper bound)",
     _combine,
-)
-register_policy(
-    "adaptive-k",
-    "adaptive-k:METHOD[:KMAX[:KSTART]]",
-    "online: k from an EMA of the request's own accepted drafts (default KMAX 8, KSTART 3)",
-    _adaptive,
-)
-register_policy(
-    "select-ema",
-    "select-ema:M1,M2[,...]:K",
-    "online: per request the method with the best EMA of its own observed acceptance proposes K",
-    _select,
 )
 
 

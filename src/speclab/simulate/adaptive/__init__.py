@@ -4,12 +4,9 @@ Importing this package registers the policies by name."""
 
 from __future__ import annotations
 
-from speclab.simulate.adaptive.bandit import AdaptiveBandit
 from speclab.simulate.adaptive.base import AdaptiveBase, bind_methods, parse_methods_kmax
-from speclab.simulate.adaptive.learned import AdaptiveLearned
 from speclab.simulate.adaptive.rule import AdaptiveGated, AdaptivePooled, AdaptiveRule
 from speclab.simulate.adaptive.schedule import BatchSchedule, derive_schedule, recommend
-from speclab.simulate.adaptive.survival import AdaptiveSurvival
 from speclab.simulate.policies import Policy, register_policy
 
 
@@ -49,37 +46,11 @@ register_policy(
     "calibrated by the pooled record of its own lookup drafts",
     _factory(AdaptiveGated, "adaptive-gated"),
 )
-register_policy(
-    "adaptive-bandit",
-    SYNTAX.format("adaptive-bandit"),
-    "online bandit: discounted UCB per request over off and (method, k on a doubling grid), reward = tokens "
-    "per estimated step time",
-    _factory(AdaptiveBandit, "adaptive-bandit"),
-)
-register_policy(
-    "adaptive-learned",
-    SYNTAX.format("adaptive-learned"),
-    "online, learned: as adaptive, with the model-free proposer's acceptance from a small logistic model "
-    "trained on other workloads' traces (default: speclab's synthetic shapes)",
-    _factory(AdaptiveLearned, "adaptive-learned"),
-)
-register_policy(
-    "adaptive-survival",
-    SYNTAX.format("adaptive-survival"),
-    "online, non-parametric: as adaptive, with Kaplan-Meier survival of the model-free proposer from its "
-    "hindsight in the same lookup state (copy or not, offered or not) and per-depth acceptance of the "
-    "model-based one; prior fitted on other traces (default: speclab's synthetic shapes)",
-    _factory(AdaptiveSurvival, "adaptive-survival"),
-)
-
 __all__ = [
-    "AdaptiveLearned",
-    "AdaptiveBandit",
     "AdaptiveBase",
     "AdaptiveGated",
     "AdaptivePooled",
     "AdaptiveRule",
-    "AdaptiveSurvival",
     "BatchSchedule",
     "bind_methods",
     "derive_schedule",

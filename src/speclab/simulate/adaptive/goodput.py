@@ -70,7 +70,6 @@ def batch_choice(
     probes: tuple[str, ...],
     group: np.ndarray,
     iters: int = 3,
-    lookahead: bool = False,
     shortcut: bool = True,
     offers: list[np.ndarray | None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -82,11 +81,6 @@ def batch_choice(
     price lam (tokens per second), each request picks off, a model-free k or a model-based k <= P by
     E - lam * (its own marginal seconds); lam is iterated to the batch's goodput. Each request stands for
     occupancy / (its batch's running requests) sequences (prefilling ones priced like it).
-
-    lookahead (adaptive-survival): a copy the model-free probes see is not lost when another choice is made
-    now: the probes find it again at the next position, where a later step can take the rest. Each option
-    is then also credited with the copy it leaves in progress (`carry`), valued as that later step (its
-    tokens less lam times its time); without it, a probe's long tail counts as lost unless taken now.
 
     shortcut: answer "off" for all without the pass grid where its first round shows that is the answer
     (`_all_off`; the same choices, tests/test_adaptive_live.py); False for the tests' comparison.
@@ -117,19 +111,6 @@ def batch_choice(
     # the verified drafts, passes of a model-based drafter needed
     cols: list[list[np.ndarray]] = [[np.full((n, 1), -1)], [np.zeros((n, 1))], [np.ones((n, 1))]]
     cols += [[np.zeros((n, 1))], [np.zeros((n, 1))]]
-    later = None
-    carry_tok: list[np.ndarray] = []
-    carry_sec: list[np.ndarray] = []
-    if lookahead:
-        # a later step that takes R copied tokens: its tokens R + 1 and its time, the request's share of an
-        # all-off step plus its verified drafts
-        share = base_g[group] * w / seqs_g[group]
-        later = _carry_tables(
-            methods, surv, kmax, probes, share, w * (tok_g[group] + cm.overhead_per_spec_token)
-        )
-        ct, cs = _carry(later, None, np.ones((n, 1)))  # off: one token, the copy stays
-        carry_tok.append(ct)
-        carry_sec.append(cs)
     wc = w[:, None]
     for j, m in enumerate(methods):
         km = kmax[j]
@@ -137,13 +118,6 @@ def batch_choice(
             continue
         d = cm.draft_for(m)
         ks = np.arange(1, km + 1, dtype=np.float64)[None, :]
-        if later is not None:
-            for k in range(1, km + 1):
-                # P(the step produces 1 + a tokens), a = 0..k
-                sk = np.concatenate([np.ones((n, 1)), surv[j][:, :k], np.zeros((n, 1))], axis=1)
-                ct, cs = _carry(later, (j, k), sk[:, :-1] - sk[:, 1:])
-                carry_tok.append(ct)
-                carry_sec.append(cs)
         sec = wc * ks * cm.overhead_per_spec_token
         passes = np.zeros((n, km))
         if m not in probes:
@@ -166,9 +140,6 @@ def batch_choice(
         for c, v in zip(cols, (*blocks, sec, passes), strict=True):
             c.append(v)
     M, K, E, S0, Pn = (np.concatenate(c, axis=1) for c in cols)
-    if later is not None:
-        E = E + np.stack(carry_tok, 1)  # the copy left in progress, valued as the later step that takes it
-        S0 = S0 + np.stack(carry_sec, 1)
     WK = w[:, None] * K  # verified draft tokens (in sequences) of each option
     # the shared cost of P passes of the model-based drafter(s)
     mb = [cm.draft_for(m) for m in methods if m not in probes]
@@ -283,47 +254,3 @@ def _marginal(tc: TargetCost, kv: np.ndarray, tokens: np.ndarray, extra: np.ndar
     extra = np.maximum(np.asarray(extra, dtype=np.float64), 1e-9)
     hi = tokens + extra
     return (np.asarray(tc.time(kv, hi, hi)) - np.asarray(tc.time(kv, tokens, tokens))) / extra
-
-
-def _carry_tables(
-    methods: tuple[str, ...],
-    surv: list[np.ndarray | None],
-    kmax: list[int],
-    probes: tuple[str, ...],
-    c0: np.ndarray,
-    c1: np.ndarray,
-) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """Per probe p (model-free method with a survival estimate): with X its match length here (P(X >= j) =
-    S_p(j), nothing known beyond its kmax), after a step that produced t tokens a copy of R = X - t >= 1
-    tokens is left; a later step takes it: R + 1 tokens in c0 + c1 * R seconds. Tables over t = 1..kmax + 1
-    of the expected tokens E[(R + 1) 1{R >= 1}] and seconds E[(c0 + c1 R) 1{R >= 1}]."""
-    out = []
-    for j, m in enumerate(methods):
-        if m not in probes or surv[j] is None or kmax[j] < 1:
-            continue
-        s = np.concatenate([surv[j][:, : kmax[j]], np.zeros((len(c0), 1))], axis=1)  # S(1..kmax), 0 beyond
-        # for t = 1..kmax + 1: P(X >= t + 1) = S(t + 1) and E[(X - t)^+] = sum_{i >= t + 1} S(i)
-        tail = np.concatenate([s[:, 1:], np.zeros((len(c0), 1))], axis=1)
-        rem = np.cumsum(tail[:, ::-1], axis=1)[:, ::-1]
-        out.append((j, rem + tail, c0[:, None] * tail + c1[:, None] * rem))
-    return out
-
-
-def _carry(
-    tables: list[tuple[int, np.ndarray, np.ndarray]], option: tuple[int, int] | None, pt: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """The copy an option leaves, credited through the probe whose later step is worth most (by tokens per
-    second of it). pt: (n, a + 1) P(the step produces 1 + a tokens). The probe's own option (j, k) leaves
-    only what lies beyond its k drafts and the bonus token (t = k + 1 where X > k)."""
-    n = pt.shape[0]
-    best_tok, best_sec = np.zeros(n), np.zeros(n)
-    for j, tok, sec in tables:
-        if option is not None and option[0] == j:
-            ct, cs = tok[:, option[1]], sec[:, option[1]]
-        else:
-            a = min(pt.shape[1], tok.shape[1])
-            # beyond the table (t > kmax_p + 1) no copy of p is left
-            ct, cs = (pt[:, :a] * tok[:, :a]).sum(axis=1), (pt[:, :a] * sec[:, :a]).sum(axis=1)
-        better = ct * np.maximum(best_sec, 1e-12) > best_tok * np.maximum(cs, 1e-12)
-        best_tok, best_sec = np.where(better, ct, best_tok), np.where(better, cs, best_sec)
-    return best_tok, best_sec
