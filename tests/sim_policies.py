@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from speclab.errors import ConfigError
-from speclab.simulate.policies import (
+from speclab.policy.core import (
     Policy,
     PolicyContext,
     StepOutcome,

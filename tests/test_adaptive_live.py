@@ -1,4 +1,4 @@
-"""The live adaptive proposer (speclab.methods.adaptive_live, vllm_custom.SpeclabAdaptiveProposer) driven
+"""The live adaptive proposer (speclab.live.driver, vllm_custom.SpeclabAdaptiveProposer) driven
 with fake vLLM inputs: a small loop that plays the engine (rows compacted, committed tokens = accepted
 drafts + one, greedy target = a fixed output per request)."""
 
@@ -12,8 +12,9 @@ import pytest
 
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
-from speclab.methods.adaptive_live import AdaptiveDriver, IncrementalNgram, play_engine
-from speclab.methods.ngram import NgramProposer
+from speclab.live.driver import AdaptiveDriver
+from speclab.live.play import play_engine
+from speclab.methods.ngram import IncrementalNgram, NgramProposer
 
 MAX_LEN = 4096
 
@@ -248,7 +249,7 @@ def test_bad_options() -> None:
 
 
 def test_vllm_adapter_reads_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    from speclab.methods.vllm_custom import OPTIONS_ENV, SpeclabAdaptiveProposer, adapter_options
+    from speclab.live.vllm_custom import OPTIONS_ENV, SpeclabAdaptiveProposer, adapter_options
 
     cfg = SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=6),
@@ -267,16 +268,16 @@ def test_vllm_adapter_reads_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(OPTIONS_ENV, json.dumps({"bogus": 1}))
     with pytest.raises(ValueError, match="unknown adaptive"):
         SpeclabAdaptiveProposer(cfg)
-    model = "speclab.methods.vllm_custom.SpeclabAdaptiveProposer"
+    model = "speclab.live.vllm_custom.SpeclabAdaptiveProposer"
     got = adapter_options({"model": model, "proposer_options": {"kmax": 4, "ngram": {"min_n": 2}}})
     assert got == {"model": model, "kmax": 4, "ngram": {"min_n": 2}}
 
 
 def test_crosscheck_refuses_adaptive_with_a_reason() -> None:
-    from speclab.methods.catalog import trace_method_name
+    from speclab.catalog import trace_method_name
     from speclab.replay.runs import replay_spec
 
-    name = trace_method_name("custom_class", {"model": "speclab.methods.vllm_custom.SpeclabAdaptiveProposer"})
+    name = trace_method_name("custom_class", {"model": "speclab.live.vllm_custom.SpeclabAdaptiveProposer"})
     assert name == "custom:SpeclabAdaptiveProposer"
     why = replay_spec(name, {}, {})
     assert isinstance(why, str) and "live batch" in why
@@ -320,7 +321,7 @@ def test_tabulated_cost_prefers_the_cheap_verify_width() -> None:
     """Where the forward of 4 tokens is cheaper than that of 2 (as measured on CPU), a lone request offered 8
     drafts it barely trusts takes 3 (4 tokens) rather than 1 or none; priced linearly it takes none."""
     from speclab.costmodel.forms import TableTargetCost
-    from speclab.simulate.adaptive.goodput import batch_choice
+    from speclab.policy.goodput import batch_choice
 
     tab = TableTargetCost(
         kv=0.0, batched=0.0, const=0.03, knee=8.0, batched_hi=2e-3,
@@ -344,7 +345,7 @@ def test_tabulated_cost_prefers_the_cheap_verify_width() -> None:
 def test_pass_grid_cut_changes_no_choice(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """batch_choice tries drafter pass counts only up to what an option needs; the choices equal those over
     the whole grid."""
-    from speclab.simulate.adaptive import goodput
+    from speclab.policy import goodput
 
     rng = np.random.default_rng(seed)
     n = 12
@@ -370,7 +371,7 @@ def test_all_off_shortcut_changes_no_choice(seed: int, monkeypatch: pytest.Monke
     (goodput._all_off): random batches, the live table cost model and a linear one, rows from hopeless to
     long copies; the shortcut must fire on some of them and not on others."""
     from speclab.costmodel import get_cost_model
-    from speclab.simulate.adaptive import goodput
+    from speclab.policy import goodput
 
     rng = np.random.default_rng(seed)
     fired = kept = 0

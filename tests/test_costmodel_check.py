@@ -96,7 +96,7 @@ def test_bench_show_notes_an_adaptive_entrys_mismatched_cost_model(tmp_path: Pat
 
     def sweep(cm: Path) -> None:
         entry = {
-            "model": "speclab.methods.vllm_custom.SpeclabAdaptiveProposer",
+            "model": "speclab.live.vllm_custom.SpeclabAdaptiveProposer",
             "proposer_options": {"cost_model": str(cm)},
         }
         methods = [{"name": "none"}, {"name": "custom_class", "label": "adaptive", "options": entry}]

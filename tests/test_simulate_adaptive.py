@@ -1,4 +1,4 @@
-"""Adaptive policies (issue 12): live batch in the policy interface, probes, the engines' agreement, no
+"""Adaptive policies: live batch in the policy interface, probes, the engines' agreement, no
 reading of the future, switching off where SD loses, and vLLM's batch-size schedule."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from speclab.errors import ConfigError
 from speclab.simulate import fast, list_policies, make_policy, simulate
 from speclab.simulate.adaptive import derive_schedule, recommend
-from speclab.simulate.adaptive.schedule import vllm_config
+from speclab.simulate.adaptive.recommend import vllm_config
 from speclab.simulate.adaptive.synth import make_set
 from speclab.simulate.coupled import run_steps_coupled
 from speclab.traces import MethodTrace, RequestTrace
@@ -64,7 +64,7 @@ class Log:
 
     def __init__(self, spec: str, traces):
         from speclab.costmodel import get_cost_model
-        from speclab.simulate.adaptive import bind_methods
+        from speclab.policy import bind_methods
 
         self.p = make_policy(spec)
         bind_methods([self.p], traces, get_cost_model("llama3.1-8b-h100-chained"))

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from speclab.atomic import atomic_write_text
+from speclab.catalog import NGRAM_MAX_N, NGRAM_MIN_N, REPLAY_METHODS
 from speclab.errors import SpeclabError
-from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N, REPLAY_METHODS
 
 DEMO_PRESET = "demo-cpu"
 # replayed methods: every replay proposer but EAGLE's (SmolLM2 has no EAGLE head; draft_model only when the

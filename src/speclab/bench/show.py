@@ -208,7 +208,7 @@ def cost_model_notes(run_dir: Path) -> list[str]:
     try:
         from speclab.costmodel import get_cost_model
         from speclab.costmodel.check import check_rows, decode_rows, mismatch_note, mismatches
-        from speclab.methods.adaptive_live import DEFAULT_COST_MODEL
+        from speclab.live.driver import DEFAULT_COST_MODEL
 
         sweep = json.loads((run_dir / "sweep.json").read_text())
         names: dict[str, list[str]] = {}

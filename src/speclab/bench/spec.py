@@ -62,9 +62,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from speclab.catalog import ENGINE_METHODS, METHODS_NEEDING_MODEL
 from speclab.engine.protocol import BATCHING, DTYPES
 from speclab.errors import ConfigError
-from speclab.methods.catalog import ENGINE_METHODS, METHODS_NEEDING_MODEL
 from speclab.server.spec import ServerSpec, parse_server
 
 TOP_KEYS = {
@@ -93,7 +93,7 @@ _LABEL_RE = re.compile(r"^[A-Za-z0-9_.+\-]+$")
 
 @dataclass
 class MethodEntry:
-    name: str  # an engine method (speclab.methods.catalog.ENGINE_METHODS)
+    name: str  # an engine method (speclab.catalog.ENGINE_METHODS)
     k: int | None
     options: dict[str, Any] = field(default_factory=dict)
     label: str = ""  # shown in tables and cell ids; default "none" / "<name>-k<k>"

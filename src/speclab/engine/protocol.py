@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from speclab.atomic import atomic_write_text
+from speclab.catalog import ENGINE_METHODS, METHODS_NEEDING_MODEL
 from speclab.errors import ConfigError
-from speclab.methods.catalog import ENGINE_METHODS, METHODS_NEEDING_MODEL
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 BATCHING: tuple[str, ...] = ("replicate", "continuous")

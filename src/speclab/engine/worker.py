@@ -29,6 +29,12 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from speclab.catalog import (
+    DRAFTER_CHECKPOINT_METHODS,
+    MODEL_BASED,
+    SAME_TOKENIZER_METHODS,
+    trace_method_name,
+)
 from speclab.engine.measure import (
     checkpoint_num_params,
     counters_delta,
@@ -52,12 +58,6 @@ from speclab.engine.protocol import (
     read_job,
 )
 from speclab.errors import SpeclabError
-from speclab.methods.catalog import (
-    DRAFTER_CHECKPOINT_METHODS,
-    MODEL_BASED,
-    SAME_TOKENIZER_METHODS,
-    trace_method_name,
-)
 from speclab.timings import append_timings
 
 # engine steps in a row without a new token or a finished request before drive() gives up

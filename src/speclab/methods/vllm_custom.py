@@ -14,11 +14,8 @@ The adapters call the same code the replay uses (speclab.methods.ngram `propose`
 `SuffixSpeculator.step`, itself arctic-inference's cache as vLLM's built-in `suffix` runs it), so a replayed
 trace and a live run cannot drift apart; `speclab trace crosscheck` checks it on real runs.
 
-`SpeclabAdaptiveProposer` chooses per step and per row among those proposers and how many drafts (0..K),
-with one of the simulator's adaptive policies (speclab.methods.adaptive_live; docs/adaptive.md), options
-'{"methods": ["ngram", "suffix"], "policy": "adaptive", "kmax": 8, "cost_model": "smollm2-135m-cpu-live",
-"ngram": {...}, "suffix": {...}}' (all optional; without `methods` / `policy` it runs the n-gram probe only
-with `adaptive-pooled`, docs/adaptive.md).
+The adaptive proposer, which chooses per step among these proposers, is speclab.live.vllm_custom's
+`SpeclabAdaptiveProposer`.
 """
 
 from __future__ import annotations
@@ -30,12 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N
-from speclab.methods.ngram import NgramProposer
+from speclab.catalog import NGRAM_MAX_N, NGRAM_MIN_N
+from speclab.methods.ngram import NgramProposer, vllm_ngram_kernel
 from speclab.methods.suffix import SuffixSpeculator, suffix_options
 
 OPTIONS_ENV = "SPECLAB_PROPOSER_OPTIONS"
-ADAPTIVE_KEYS = ("methods", "kmax", "cost_model", "policy", "ngram", "suffix")
 
 
 def _options(method: str) -> dict[str, Any]:
@@ -54,19 +50,6 @@ def _for_method(opts: dict[str, Any], method: str) -> dict[str, Any]:
     if any(k in opts for k in ("ngram", "suffix")):
         opts = opts.get(method) or {}
     return dict(opts)
-
-
-def adapter_options(engine_options: dict[str, Any]) -> dict[str, Any]:
-    """The options a custom_class engine ran with. For one of speclab's adapters (model
-    "speclab.methods.vllm_custom.<Class>") its proposer_options, resolved as the adapter resolves
-    SPECLAB_PROPOSER_OPTIONS, are merged in at the top level; anything else is returned as given."""
-    module, _, cls_name = str(engine_options.get("model", "")).rpartition(".")
-    cls = globals().get(cls_name) if module == __name__ else None
-    popts = engine_options.get("proposer_options")
-    if not (isinstance(cls, type) and issubclass(cls, _Base) and isinstance(popts, dict)):
-        return dict(engine_options)
-    rest = {k: v for k, v in engine_options.items() if k != "proposer_options"}
-    return {**rest, **_for_method(popts, cls.method)}
 
 
 class _Base:
@@ -106,8 +89,6 @@ class SpeclabNgramProposer(_Base):
             raise ValueError(f"{OPTIONS_ENV}: ngram impl must be 'speclab' or 'vllm', got {impl!r}")
         self.kernel = None
         if impl == "vllm":
-            from speclab.methods.adaptive_live import vllm_ngram_kernel
-
             self.kernel = vllm_ngram_kernel()
             if self.kernel is None:
                 raise ValueError(f"{OPTIONS_ENV}: ngram impl 'vllm' needs an importable vLLM")
@@ -180,48 +161,3 @@ class SpeclabSuffixProposer(_Base):
         self.spec.stop_missing(seen)
         self.ids = ids
         return out
-
-
-class SpeclabAdaptiveProposer(_Base):
-    """An adaptive policy live: per step and row, n-gram or suffix drafts (speclab's code for both) or
-    none, and how many, from each request's hindsight, the proposers' current offers and the live batch
-    (speclab.methods.adaptive_live). KMAX = the engine's num_speculative_tokens unless `kmax` is smaller.
-    Default: the n-gram probe only, `adaptive-pooled` (adaptive_live.ENGINE_DEFAULT_*)."""
-
-    method = "adaptive"
-
-    def __init__(self, vllm_config: Any, options: dict[str, Any] | None = None, k: int | None = None) -> None:
-        super().__init__(vllm_config, options, k)
-        from speclab.methods.adaptive_live import (
-            DEFAULT_COST_MODEL,
-            ENGINE_DEFAULT_METHODS,
-            ENGINE_DEFAULT_POLICY,
-            AdaptiveDriver,
-        )
-
-        o = self.options
-        bad = sorted(set(o) - set(ADAPTIVE_KEYS))
-        if bad:
-            raise ValueError(f"{OPTIONS_ENV}: unknown adaptive option(s) {bad} (have {list(ADAPTIVE_KEYS)})")
-        kmax = int(o.get("kmax", self.k))
-        if not 1 <= kmax <= self.k:
-            raise ValueError(f"{OPTIONS_ENV}: kmax={kmax} must lie in 1..num_speculative_tokens ({self.k})")
-        self.driver = AdaptiveDriver(
-            kmax=kmax,
-            max_model_len=self.max_model_len,
-            methods=tuple(o.get("methods", ENGINE_DEFAULT_METHODS)),
-            cost_model=str(o.get("cost_model", DEFAULT_COST_MODEL)),
-            policy=str(o.get("policy", ENGINE_DEFAULT_POLICY)),
-            ngram=o.get("ngram"),
-            suffix=o.get("suffix"),
-        )
-
-    def propose(
-        self,
-        sampled_token_ids: list[list[int]],
-        num_tokens_no_spec: np.ndarray,
-        token_ids_cpu: np.ndarray,
-        slot_mappings: Any = None,
-        **_: Any,
-    ) -> list[list[int]]:
-        return self.driver.step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from speclab.catalog import MODEL_FREE
 from speclab.costmodel.fit import (
     fit_cost_model_report,
     fit_forwards,
@@ -31,7 +32,6 @@ from speclab.costmodel.fit import (
 )
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
-from speclab.methods.catalog import MODEL_FREE
 from speclab.profile.run import CellTimings
 from speclab.timings import COLUMNS, TimingsRow, append_timings
 

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from speclab.bench.results import ResultsStore, effective_options
+from speclab.catalog import NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.methods import make_proposer
-from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.methods.suffix import SuffixSpeculator, suffix_options
 from speclab.traces import RequestTrace
 

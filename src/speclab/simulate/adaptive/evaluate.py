@@ -1,4 +1,4 @@
-"""Evaluation of the adaptive policies on every trace set at hand (issue 12, item 2).
+"""Evaluation of the adaptive policies on every trace set at hand.
 
     python -m speclab.simulate.adaptive.evaluate --out DIR [--traces NAME=STORE ...] [--synthetic]
         [--cost-model llama3.1-8b-h100-chained] [--batch-sizes 1,2,4,8,16,32,64,128]
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from speclab.atomic import atomic_path, atomic_write_text
-from speclab.simulate.adaptive.schedule import (
+from speclab.simulate.adaptive.recommend import (
     fixed_config,
     fixed_from_grid,
     schedule_from_grid,
@@ -28,7 +28,9 @@ from speclab.simulate.adaptive.schedule import (
     vllm_config,
     zero_k_policy,
 )
+from speclab.simulate.adaptive.synth import SHAPES, make_set
 from speclab.simulate.api import simulate
+from speclab.traces import read_store
 from speclab.traces.model import RequestTrace
 
 ONLINE = ["adaptive", "adaptive-pooled", "adaptive-gated"]
@@ -203,9 +205,6 @@ def run(sets: dict[str, list[RequestTrace]], cm: str, sizes: list[int], out: Pat
 
 
 def main(argv: list[str] | None = None) -> None:
-    from speclab.simulate.adaptive.synth import SHAPES, make_set
-    from speclab.traces import read_store
-
     ap = argparse.ArgumentParser(prog="python -m speclab.simulate.adaptive.evaluate")
     ap.add_argument("--out", required=True)
     ap.add_argument("--traces", action="append", default=[], help="NAME=STORE (repeatable)")

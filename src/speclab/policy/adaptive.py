@@ -1,5 +1,6 @@
-"""What the adaptive policies share: method resolution (bare names use every method the traces hold), the
-live-batch flags, per-request acceptance estimates from observable signals, and argument parsing."""
+"""What the adaptive policies share: method binding, the live-batch flags, per-request acceptance estimates
+from observable signals, gating and calibration (adaptive-gated). Registration and argument parsing:
+speclab.policy.rules; the pooled lookup statistics: speclab.policy.pooling."""
 
 from __future__ import annotations
 
@@ -7,21 +8,17 @@ from typing import ClassVar
 
 import numpy as np
 
+from speclab.catalog import MODEL_FREE
 from speclab.costmodel import get_cost_model
 from speclab.costmodel.model import CostModel
 from speclab.errors import ConfigError
-from speclab.methods.catalog import MODEL_FREE
-from speclab.simulate.adaptive.goodput import geometric, run_length
-from speclab.simulate.policies import Policy, PolicyContext, StepOutcome, StepView, _int, _method
-from speclab.traces.model import RequestTrace
+from speclab.policy.core import Policy, PolicyContext, StepOutcome, StepView
+from speclab.policy.goodput import geometric, run_length
+from speclab.policy.pooling import HINDSIGHT, POOL_LAG, RATE_WINDOW, match_rate, pool_counts
 
 DEFAULT_COST_MODEL = "llama3.1-8b-h100-chained"
-HINDSIGHT = 16  # positions a model-free probe looks back over for a copy in progress
-RATE_WINDOW = 64  # ... and for its rate of matches
 KMAX_DEFAULT = 20
 COPY_PRIOR = 3.0  # pseudo-successes of a copy in progress (free_survival), before any pooled evidence
-FIRST_WEIGHT = 4.0  # pseudo-tries of the pooled first-draft rate in a request's own rate outside a copy
-POOL_LAG = HINDSIGHT  # a past position joins the pooled counts this far back (its match censored at >= 16)
 # model-based drafter: prior per-draft acceptance and its weight in pseudo-trials; per-observation decay
 MB_PRIOR, MB_WEIGHT, MB_DECAY = 0.5, 2.0, 0.95
 # gated policies (adaptive-gated): a request whose lookups are not in use is probed only every REPROBE
@@ -398,81 +395,3 @@ class AdaptiveBase(Policy):
             r = req[sel]
             self.s[j, r] = MB_DECAY * self.s[j, r] + accepted[sel]
             self.f[j, r] = MB_DECAY * self.f[j, r] + (accepted[sel] < k[sel])
-
-
-def match_rate(hind: np.ndarray, offers: np.ndarray | None, prior: float = 1.0 / 16.0) -> np.ndarray:
-    """A lookup's first-draft acceptance over the hindsight window (among positions where it offered drafts,
-    when offers are recorded), shrunk to `prior` with FIRST_WEIGHT pseudo-tries (1/16: Laplace's 0.25 in 4)."""
-    hit = (hind >= 1).sum(axis=1)
-    tried = (hind >= 0).sum(axis=1) if offers is None else (offers > 0).sum(axis=1)
-    return (hit + FIRST_WEIGHT * prior) / (tried + FIRST_WEIGHT)
-
-
-def pool_counts(
-    hind: np.ndarray,
-    offers: np.ndarray | None,
-    pos: np.ndarray,
-    folded: np.ndarray,
-    req: np.ndarray,
-    lag: int = POOL_LAG,
-) -> np.ndarray:
-    """Counts of a lookup's past positions not yet pooled (those at least `lag` back and after each
-    request's `folded`, which is advanced in place): [first-draft hits, tries] outside a copy (offered
-    positions, when offers are recorded) and [tokens continued, tokens at risk] inside one (a copy: the
-    lookup at q - 1 matched q). A position's match is censored at the tokens known since it (its distance
-    d >= lag: a match still running at d is d tokens continued and no stop) and at its offer (where offers are
-    not recorded, at `lag`); hindsight reaches back RATE_WINDOW positions (older ones are not counted). The
-    per-token continuation these give is the geometric rate's estimate under that censoring, so a short lag
-    is not biased: it only pools each position with fewer of its tokens, sooner."""
-    width = hind.shape[1]
-    if width <= lag:
-        return np.zeros(4)
-    d = np.arange(lag, width)  # distance of q from now; column d - 1 holds q, column d holds q - 1
-    x = hind[:, d - 1]
-    prev = hind[:, d]
-    q = pos[:, None] - d[None, :]
-    new = (q > folded[req][:, None]) & (x >= 0)
-    folded[req] = np.maximum(folded[req], pos - lag)
-    inrun = new & (prev >= 1)
-    out = new & (prev < 1)
-    if offers is not None:
-        off = offers[:, d - 1]
-        out &= off > 0
-        cap = np.where(off > 0, off, lag)
-    else:
-        cap = np.full(x.shape, lag)
-    got = np.minimum(x, cap)
-    stopped = (x < cap) & (x < d[None, :])  # not censored by time: the copy ended after `got` tokens
-    return np.array(
-        [
-            float((out & (x >= 1)).sum()),
-            float(out.sum()),
-            float(got[inrun].sum()),
-            float((got + stopped)[inrun].sum()),
-        ]
-    )
-
-
-def parse_methods_kmax(spec: str, args: list[str], name: str) -> tuple[tuple[str, ...], dict]:
-    """`NAME[:M1,M2,...[:KMAX]]` -> (methods, extra); no methods = every method the traces hold."""
-    if len(args) > 2:
-        raise ConfigError(f"policy {spec!r}: expected {name}[:M1,M2,...[:KMAX]]")
-    ms: tuple[str, ...] = ()
-    if args and args[0].strip():
-        ms = tuple(_method(x.strip(), spec) for x in args[0].split(","))
-        if len(set(ms)) != len(ms):
-            raise ConfigError(f"policy {spec!r}: a method is listed twice")
-    extra: dict = {}
-    if len(args) > 1:
-        extra["kmax"] = _int(args[1], "KMAX", spec, 1)
-    return ms, extra
-
-
-def bind_methods(policies: list[Policy], traces: list[RequestTrace], cm: CostModel) -> None:
-    """Give every adaptive policy its methods: those it names, or (bare) every method all traces hold,
-    model-free ones first (ties in goodput go to the cheaper proposer)."""
-    held = set.intersection(*(set(t.methods) for t in traces)) if traces else set()
-    order = sorted(held, key=lambda m: (m not in MODEL_FREE, m))
-    for p in policies:
-        if isinstance(p, AdaptiveBase):
-            p.bind(p.methods or tuple(order), cm, named=bool(p.methods))

