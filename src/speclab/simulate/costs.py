@@ -73,7 +73,7 @@ class Timing:
     busy_s: float = 0.0  # the simulated time of the steps where every slot is busy (the tail's complement)
 
 
-def step_costs(  # long: every charge of an engine step in one place, matched term by term by reference.py
+def step_costs(
     st: StepTable,
     policy: Policy,
     ta: TraceArrays,
@@ -124,42 +124,8 @@ def step_costs(  # long: every charge of an engine step in one place, matched te
     if study and policy.methods:
         draft = np.bincount(keys, weights=study_draft(st, policy, ta, cm, c, mc, verify[keys]), minlength=G)
     elif policy.methods:
-        charge = np.array([policy.charge_as or m for m in policy.methods])
-        for name in sorted(set(charge.tolist()) | set(policy.probes)):
-            cost = cm.draft_for(name)
-            sel = np.isin(st.meth, np.flatnonzero(charge == name))
-            ks, sm = keys[sel], spec_max[sel]
-            if cost.form == "verify_fraction":
-                if name in policy.probes:  # the lookup runs at every step, for every request it probes
-                    draft += cost.fraction * lookup_base * probe_share(st, keys, G)
-                    continue
-                anyd = np.bincount(ks[sm > 0], minlength=G) > 0
-                draft += np.where(anyd, cost.fraction * lookup_base, 0.0)
-                continue
-            mx = np.zeros(G, dtype=np.int64)
-            np.maximum.at(mx, ks, sm)
-            # passes the drafter runs: the most drafts asked for, at least one at every step with a running
-            # request where the engine runs it anyway (policy.drafter_always_runs)
-            always = policy.drafter_always_runs & (np.bincount(keys, minlength=G) > 0)
-            passes = np.where(always, np.maximum(mx, 1), mx)
-            if cost.form == "forwards":
-                draft += forwards_charge(
-                    cost, passes, np.bincount(sch.start, minlength=G) > 0, policy, kv, vt, nreq
-                )
-                continue
-            if cost.form == "linear" and draft_kv == "request":
-                own = cost.kv * (ta.prompt_len[st.req[sel]] + st.pos[sel] - 1) + cost.num_spec * sm
-                best = np.full(G, -np.inf)
-                np.maximum.at(best, ks, own)
-                # a step where only the always-run forward happens: its constant part
-                draft += np.where(np.isfinite(best), best + cost.const, np.where(always, cost.const, 0.0))
-            elif cost.form == "linear":
-                used = (np.bincount(ks, minlength=G) > 0) | always
-                draft += np.where(used, cost.kv * kv + cost.num_spec * mx + cost.const, 0.0)
-            else:  # chained
-                draft += passes * (cost.kv * kv + cost.const) + cost.num_spec * np.bincount(
-                    ks, weights=spec_sum[sel], minlength=G
-                )
+        draft = _draft_charges(st, policy, ta, cm, keys, G, sch.start, spec_max, spec_sum, lookup_base, kv, vt,
+                               nreq, draft_kv)  # fmt: skip
     base_overhead = np.asarray(cm.overhead_time(nreq, spec), dtype=np.float64) * np.ones(G)
     overhead = base_overhead.copy()
     if switch_overhead and st.switched.any():
@@ -170,23 +136,10 @@ def step_costs(  # long: every charge of an engine step in one place, matched te
     latency = cum[end] - cum[sch.start] + step_t[sch.start]
     full_s, full_tokens, busy_s = 0.0, 0, 0.0
     if batching == "continuous":
-        # a request holds its slot from its prefill step through its last step
-        d = np.zeros(G + 1, dtype=np.int64)
-        np.add.at(d, sch.start, 1)
-        np.add.at(d, end + 1, -1)
-        full = np.cumsum(d)[:G] >= min(batch_size, ta.n)
-        tok = np.bincount(keys, weights=c * st.produced, minlength=G) + npre
-        full_tokens = int(round(tok[full].sum()))
-        busy_s = float(step_t[full].sum())
-        # each request's prefill is charged over its output tokens (prefill_charges): the window cuts through
-        # the requests in progress at its end, whose prefills it holds but not all their tokens
-        pcost = prefill_charges(cm, npre, nrun, spec, verify, verify_dec, base_overhead)
-        # each request's share of its prefill step's charge: by prompt tokens (evenly where they are 0)
-        own = pre_tok[sch.start]
-        share = np.where(own > 0, c * ta.prompt_len / np.maximum(own, 1), 1.0 / npre[sch.start])
-        per_req = pcost[sch.start] * share
-        in_win = np.bincount(st.req, weights=st.produced * full[keys], minlength=ta.n) + full[sch.start]
-        full_s = float((step_t - pcost)[full].sum() + (per_req * in_win / ta.out_len).sum())
+        full_s, full_tokens, busy_s = _steady_window(
+            st, ta, cm, sch, keys, end, batch_size, c, step_t, npre, nrun, spec, verify, verify_dec,
+            base_overhead, pre_tok,
+        )  # fmt: skip
     return Timing(
         latency=latency,
         batch=sch.batch,
@@ -203,6 +156,104 @@ def step_costs(  # long: every charge of an engine step in one place, matched te
         full_tokens=full_tokens,
         busy_s=busy_s,
     )
+
+
+def _draft_charges(
+    st: StepTable,
+    policy: Policy,
+    ta: TraceArrays,
+    cm: CostModel,
+    keys: np.ndarray,
+    G: int,
+    start: np.ndarray,
+    spec_max: np.ndarray,
+    spec_sum: np.ndarray,
+    lookup_base: np.ndarray,
+    kv: np.ndarray,
+    vt: np.ndarray,
+    nreq: np.ndarray,
+    draft_kv: str,
+) -> np.ndarray:
+    """Drafting time per global step under speclab's rules: each method charged as its cost form says
+    (lookups as a fraction of the decode forward, per probed request for probes; a drafter's passes shared
+    by the step's requests). `keys`: each step-table row's global step; `start`: each request's prefill step."""
+    draft = np.zeros(G)
+    charge = np.array([policy.charge_as or m for m in policy.methods])
+    for name in sorted(set(charge.tolist()) | set(policy.probes)):
+        cost = cm.draft_for(name)
+        sel = np.isin(st.meth, np.flatnonzero(charge == name))
+        ks, sm = keys[sel], spec_max[sel]
+        if cost.form == "verify_fraction":
+            if name in policy.probes:  # the lookup runs at every step, for every request it probes
+                draft += cost.fraction * lookup_base * probe_share(st, keys, G)
+                continue
+            anyd = np.bincount(ks[sm > 0], minlength=G) > 0
+            draft += np.where(anyd, cost.fraction * lookup_base, 0.0)
+            continue
+        mx = np.zeros(G, dtype=np.int64)
+        np.maximum.at(mx, ks, sm)
+        # passes the drafter runs: the most drafts asked for, at least one at every step with a running
+        # request where the engine runs it anyway (policy.drafter_always_runs)
+        always = policy.drafter_always_runs & (np.bincount(keys, minlength=G) > 0)
+        passes = np.where(always, np.maximum(mx, 1), mx)
+        if cost.form == "forwards":
+            draft += forwards_charge(cost, passes, np.bincount(start, minlength=G) > 0, policy, kv, vt, nreq)
+            continue
+        if cost.form == "linear" and draft_kv == "request":
+            own = cost.kv * (ta.prompt_len[st.req[sel]] + st.pos[sel] - 1) + cost.num_spec * sm
+            best = np.full(G, -np.inf)
+            np.maximum.at(best, ks, own)
+            # a step where only the always-run forward happens: its constant part
+            draft += np.where(np.isfinite(best), best + cost.const, np.where(always, cost.const, 0.0))
+        elif cost.form == "linear":
+            used = (np.bincount(ks, minlength=G) > 0) | always
+            draft += np.where(used, cost.kv * kv + cost.num_spec * mx + cost.const, 0.0)
+        else:  # chained
+            draft += passes * (cost.kv * kv + cost.const) + cost.num_spec * np.bincount(
+                ks, weights=spec_sum[sel], minlength=G
+            )
+    return draft
+
+
+def _steady_window(
+    st: StepTable,
+    ta: TraceArrays,
+    cm: CostModel,
+    sch: Schedule,
+    keys: np.ndarray,
+    end: np.ndarray,
+    batch_size: int,
+    c: int,
+    step_t: np.ndarray,
+    npre: np.ndarray,
+    nrun: np.ndarray,
+    spec: np.ndarray,
+    verify: np.ndarray,
+    verify_dec: np.ndarray,
+    base_overhead: np.ndarray,
+    pre_tok: np.ndarray,
+) -> tuple[float, int, float]:
+    """Continuous batching's steady state: the simulated time (each prefill charged over its request's
+    tokens), the tokens produced and the plain time of the steps where every slot is busy."""
+    G = len(step_t)
+    # a request holds its slot from its prefill step through its last step
+    d = np.zeros(G + 1, dtype=np.int64)
+    np.add.at(d, sch.start, 1)
+    np.add.at(d, end + 1, -1)
+    full = np.cumsum(d)[:G] >= min(batch_size, ta.n)
+    tok = np.bincount(keys, weights=c * st.produced, minlength=G) + npre
+    full_tokens = int(round(tok[full].sum()))
+    busy_s = float(step_t[full].sum())
+    # each request's prefill is charged over its output tokens (prefill_charges): the window cuts through
+    # the requests in progress at its end, whose prefills it holds but not all their tokens
+    pcost = prefill_charges(cm, npre, nrun, spec, verify, verify_dec, base_overhead)
+    # each request's share of its prefill step's charge: by prompt tokens (evenly where they are 0)
+    own = pre_tok[sch.start]
+    share = np.where(own > 0, c * ta.prompt_len / np.maximum(own, 1), 1.0 / npre[sch.start])
+    per_req = pcost[sch.start] * share
+    in_win = np.bincount(st.req, weights=st.produced * full[keys], minlength=ta.n) + full[sch.start]
+    full_s = float((step_t - pcost)[full].sum() + (per_req * in_win / ta.out_len).sum())
+    return full_s, full_tokens, busy_s
 
 
 def prefill_charges(
