@@ -12,6 +12,7 @@ from speclab.costmodel import CostModel, get_cost_model
 from speclab.errors import ConfigError
 from speclab.policy import Policy, bind_methods, check_k_within_traces, make_policy
 from speclab.simulate import costs, fast
+from speclab.simulate.reference import reference_timing
 from speclab.simulate.study import STUDY_NUM_REQUESTS, match_p_for, miss_generator, study_sample_state
 from speclab.traces.model import RequestTrace
 
@@ -289,7 +290,6 @@ def _run_group(  # long: per batch size the step tables, miss draws and passes o
             )
 
         if use_ref:
-            from speclab.simulate.reference import reference_timing
 
             def timing(
                 p: Policy, b: int = b, shared: np.ndarray | None = shared, passes: int = 1
