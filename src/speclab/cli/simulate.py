@@ -7,6 +7,7 @@ speclab.simulate.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -260,33 +261,16 @@ def _run(
     result's trace-set name and the results."""
     from speclab.simulate import simulate
 
+    args = (cost_model, list(policies), batching, sizes)
+    kw = dict(aggregate=aggregate, seed=seed, **opts)
     if ray_address is None and len(sets) == 1:
-        results = simulate(
-            next(iter(sets.values())),
-            cost_model,
-            list(policies),
-            batching,
-            sizes,
-            aggregate=aggregate,
-            seed=seed,
-            **opts,
-        )
+        results = simulate(next(iter(sets.values())), *args, **kw)
         set_of = [next(iter(sets))] * len(results)
     else:
         from speclab.simulate.distributed import simulate_sweep
 
-        pairs = simulate_sweep(
-            sets,
-            cost_model,
-            list(policies),
-            batching,
-            sizes,
-            aggregate=aggregate,
-            seed=seed,
-            ray_address=ray_address,
-            echo=lambda m: click.echo(m, err=True),
-            **opts,
-        )
+        echo = functools.partial(click.echo, err=True)
+        pairs = simulate_sweep(sets, *args, ray_address=ray_address, echo=echo, **kw)
         set_of, results = [p[0] for p in pairs], [p[1] for p in pairs]
     return set_of, results
 
