@@ -1,6 +1,6 @@
 """How long a simulation sweep takes per trace position, serially and as Ray tasks, extrapolated to 10^8.
 
-Usage: PYTHONPATH=src .venv/bin/python benchmarks/bench_simulate_ray.py [--positions 1000000] [--sets 2]
+Usage: python -m benchmarks.bench_simulate_ray [--positions 1000000] [--sets 2]   (from the repository root)
        [--policy P ...] [--batch-sizes 1,8,32,128] [--batching continuous] [--ray local|auto|ADDRESS]
 Synthetic study-shaped traces (bench_simulator.synthetic_traces: k_max 20, n-gram heavy-tailed, EAGLE ~4)
 split into --sets trace sets; the sweep = sets x policies x batch sizes (simulate.distributed). Runs it
@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_simulator import synthetic_traces  # noqa: E402
-
-from speclab.raycluster import start_local  # noqa: E402
-from speclab.simulate.distributed import simulate_sweep  # noqa: E402
+from benchmarks.bench_simulator import synthetic_traces
+from speclab.raycluster import start_local
+from speclab.simulate.distributed import simulate_sweep
 
 TARGET = 10**8
 
@@ -95,7 +91,7 @@ def main() -> None:
             f"~{t * TARGET / npos / 60:.1f} min (one (policy, batch size) pair: ~{t * TARGET / npos / work:.0f} s)"
         )
     if not same:
-        sys.exit(1)
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

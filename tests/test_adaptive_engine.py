@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ADAPTIVE = "speclab.methods.vllm_custom.SpeclabAdaptiveProposer"
+ADAPTIVE = "speclab.live.vllm_custom.SpeclabAdaptiveProposer"
 K = 8
 MAX_TOKENS = 32
 

@@ -1,4 +1,4 @@
-"""`adaptive-gated` (issue 12): probes run only for requests that may use a lookup; the simulator charges
+"""`adaptive-gated`: probes run only for requests that may use a lookup; the simulator charges
 probes per probed request; the live driver skips the lookups it was told to skip and feeds the suffix cache
 anyway."""
 
@@ -12,12 +12,13 @@ import pytest
 from speclab.costmodel import get_cost_model
 from speclab.costmodel.model import CostModel, DraftCost
 from speclab.errors import ConfigError
-from speclab.methods.adaptive_live import AdaptiveDriver, play_engine
+from speclab.live.driver import AdaptiveDriver
+from speclab.live.play import play_engine
+from speclab.policy import bind_methods
+from speclab.policy.adaptive import GATE_MIN_COST, REPROBE
+from speclab.policy.core import StepView
 from speclab.simulate import fast, make_policy, simulate
-from speclab.simulate.adaptive import bind_methods
-from speclab.simulate.adaptive.base import GATE_MIN_COST, REPROBE
 from speclab.simulate.coupled import run_steps_coupled
-from speclab.simulate.policies import StepView
 from speclab.traces import MethodTrace, RequestTrace
 from test_adaptive_live import (  # tests/ is on sys.path
     MAX_LEN,

@@ -1,4 +1,4 @@
-"""The live adaptive proposer (speclab.methods.adaptive_live, vllm_custom.SpeclabAdaptiveProposer) driven
+"""The live adaptive proposer (speclab.live.driver, vllm_custom.SpeclabAdaptiveProposer) driven
 with fake vLLM inputs: a small loop that plays the engine (rows compacted, committed tokens = accepted
 drafts + one, greedy target = a fixed output per request)."""
 
@@ -12,8 +12,9 @@ import pytest
 
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
-from speclab.methods.adaptive_live import AdaptiveDriver, IncrementalNgram, play_engine
-from speclab.methods.ngram import NgramProposer
+from speclab.live.driver import AdaptiveDriver
+from speclab.live.play import play_engine
+from speclab.methods.ngram import IncrementalNgram, NgramProposer
 
 MAX_LEN = 4096
 
@@ -48,6 +49,12 @@ def copy_request(seed: int, n: int = 120) -> tuple[list[int], list[int]]:
     prompt = rng.integers(100, 5000, size=200).tolist()
     out = prompt[20:80] + rng.integers(100, 5000, size=10).tolist() + prompt[100:150]
     return prompt, out[:n]
+
+
+def chat_request(seed: int, n: int = 100) -> tuple[list[int], list[int]]:
+    """No copies anywhere: the lookups offer nothing."""
+    rng = np.random.default_rng(1000 + seed)
+    return rng.integers(100, 50000, size=60).tolist(), rng.integers(100, 50000, size=n).tolist()
 
 
 def rejecting_request(seed: int, n: int = 120) -> tuple[list[int], list[int]]:
@@ -233,8 +240,8 @@ def test_bad_options() -> None:
         make(methods=("draft_model",))
     with pytest.raises(ConfigError, match="unknown method"):
         make(methods=("nope",))
-    with pytest.raises(ConfigError, match="at most one model-based"):
-        make(methods=("eagle3", "draft_model"), model_drafter=True, cost_model=with_head())
+    with pytest.raises(ConfigError, match="custom_class proposer cannot run it"):
+        make(methods=("ngram", "eagle3"), cost_model=with_head())
     with pytest.raises(ConfigError, match="kmax"):
         make(kmax=0)
     with pytest.raises(ConfigError, match="ngram option"):
@@ -242,7 +249,7 @@ def test_bad_options() -> None:
 
 
 def test_vllm_adapter_reads_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    from speclab.methods.vllm_custom import OPTIONS_ENV, SpeclabAdaptiveProposer, adapter_options
+    from speclab.live.vllm_custom import OPTIONS_ENV, SpeclabAdaptiveProposer, adapter_options
 
     cfg = SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=6),
@@ -261,16 +268,16 @@ def test_vllm_adapter_reads_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(OPTIONS_ENV, json.dumps({"bogus": 1}))
     with pytest.raises(ValueError, match="unknown adaptive"):
         SpeclabAdaptiveProposer(cfg)
-    model = "speclab.methods.vllm_custom.SpeclabAdaptiveProposer"
+    model = "speclab.live.vllm_custom.SpeclabAdaptiveProposer"
     got = adapter_options({"model": model, "proposer_options": {"kmax": 4, "ngram": {"min_n": 2}}})
     assert got == {"model": model, "kmax": 4, "ngram": {"min_n": 2}}
 
 
 def test_crosscheck_refuses_adaptive_with_a_reason() -> None:
-    from speclab.methods.catalog import trace_method_name
+    from speclab.catalog import trace_method_name
     from speclab.replay.runs import replay_spec
 
-    name = trace_method_name("custom_class", {"model": "speclab.methods.vllm_custom.SpeclabAdaptiveProposer"})
+    name = trace_method_name("custom_class", {"model": "speclab.live.vllm_custom.SpeclabAdaptiveProposer"})
     assert name == "custom:SpeclabAdaptiveProposer"
     why = replay_spec(name, {}, {})
     assert isinstance(why, str) and "live batch" in why
@@ -314,7 +321,7 @@ def test_tabulated_cost_prefers_the_cheap_verify_width() -> None:
     """Where the forward of 4 tokens is cheaper than that of 2 (as measured on CPU), a lone request offered 8
     drafts it barely trusts takes 3 (4 tokens) rather than 1 or none; priced linearly it takes none."""
     from speclab.costmodel.forms import TableTargetCost
-    from speclab.simulate.adaptive.goodput import batch_choice
+    from speclab.policy.goodput import batch_choice
 
     tab = TableTargetCost(
         kv=0.0, batched=0.0, const=0.03, knee=8.0, batched_hi=2e-3,
@@ -334,94 +341,11 @@ def test_tabulated_cost_prefers_the_cheap_verify_width() -> None:
     assert choose(TargetCost(kv=0.0, batched=1.4e-3, const=0.03))[1] == 0
 
 
-# --- a model-based drafter run by the engine (speclab.methods.hybrid_live) ---------------------------------
-
-
-def model_driver(probes=("ngram", "suffix"), **kw) -> AdaptiveDriver:
-    return make(methods=(*probes, "eagle3"), model_drafter=True, cost_model=with_head(), **kw)
-
-
-def oracle_drafter(reqs, hit: float, seed: int = 0):
-    """Drafts the true next tokens; each draft position is wrong with probability 1 - hit (decided per
-    (request, position, index), so the same question gets the same answer)."""
-
-    def draft(i: int, pos: int, p: int) -> list[int]:
-        o = reqs[i][1]
-        out = []
-        for j in range(p):
-            ok = np.random.default_rng([seed, i, pos, j]).random() < hit
-            t = o[pos + j] if pos + j < len(o) else 1
-            out.append(t if ok else 99999)
-        return out
-
-    return draft
-
-
-def chat_request(seed: int, n: int = 100) -> tuple[list[int], list[int]]:
-    """No copies anywhere: the lookups offer nothing, only a model can draft."""
-    rng = np.random.default_rng(1000 + seed)
-    return rng.integers(100, 50000, size=60).tolist(), rng.integers(100, 50000, size=n).tolist()
-
-
-def test_model_drafter_called_once_per_step_and_used_where_it_is_accepted() -> None:
-    reqs = [chat_request(s) for s in range(3)]
-    d = model_driver()
-    passes: list[int] = []
-    calls: list[float] = []
-    log = play_engine(
-        d, reqs, 1, max_len=MAX_LEN, drafter=oracle_drafter(reqs, 0.85), passes=passes, timer=calls
-    )
-    assert len(passes) == len(calls)  # exactly one drafter call per engine step (P = 0 included)
-    assert max(passes) <= d.kmax_model
-    assert d.counts["eagle3"] > 0.8 * sum(d.counts.values())
-    acc = sum(a for lg in log.values() for _, a in lg)
-    drafted = sum(dr for lg in log.values() for dr, _ in lg)
-    assert acc > 0.6 * drafted  # what was drafted came from the (good) drafter
-
-
-def test_model_drafter_switched_off_when_it_is_rejected() -> None:
-    reqs = [chat_request(s, 150) for s in range(2)]
-    d = model_driver()
-    passes: list[int] = []
-    log = play_engine(d, reqs, 1, max_len=MAX_LEN, drafter=oracle_drafter(reqs, 0.0), passes=passes)
-    assert sum(a for lg in log.values() for _, a in lg) == 0
-    # it tries, learns that nothing is accepted, and then asks the engine for no passes
-    assert sum(1 for p in passes if p > 0) < 0.25 * len(passes), passes
-    assert passes[-20:] == [0] * 20
-
-
-def test_copies_still_go_to_the_lookups_with_a_model_drafter() -> None:
-    reqs = [copy_request(s) for s in range(3)]
-    d = model_driver()
-    passes: list[int] = []
-    log = play_engine(d, reqs, 1, max_len=MAX_LEN, drafter=oracle_drafter(reqs, 0.3), passes=passes)
-    ks = [dr for lg in log.values() for dr, _ in lg]
-    assert max(ks) == 8  # long copies: the lookups' 8 drafts, beyond the head's 3
-    assert d.counts["ngram"] + d.counts["suffix"] > d.counts["eagle3"]
-
-
-def test_model_drafter_decisions_deterministic_and_row_order_free() -> None:
-    reqs = [chat_request(s, 60) for s in range(4)] + [copy_request(s, 60) for s in range(3)]
-    runs = []
-    for order in (1, 2):
-        d = model_driver()
-        runs.append(
-            play_engine(d, reqs, 3, order_seed=order, max_len=MAX_LEN, drafter=oracle_drafter(reqs, 0.7))
-        )
-    assert runs[0] == runs[1]
-
-
-def test_model_method_needs_the_engine_callback() -> None:
-    d = model_driver()
-    with pytest.raises(ConfigError, match="draft_model callback"):
-        d.step([[5]], np.array([3]), np.array([[1, 2, 5]], dtype=np.int32))
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_pass_grid_cut_changes_no_choice(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """batch_choice tries drafter pass counts only up to what an option needs (the live hybrid decides every
-    step); the choices equal those over the whole grid."""
-    from speclab.simulate.adaptive import goodput
+    """batch_choice tries drafter pass counts only up to what an option needs; the choices equal those over
+    the whole grid."""
+    from speclab.policy import goodput
 
     rng = np.random.default_rng(seed)
     n = 12
@@ -441,16 +365,13 @@ def test_pass_grid_cut_changes_no_choice(seed: int, monkeypatch: pytest.MonkeyPa
     assert (cut[0] == 1).any()  # the head is chosen somewhere, so the pass count mattered
 
 
-@pytest.mark.parametrize("lookahead", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_all_off_shortcut_changes_no_choice(
-    seed: int, lookahead: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_all_off_shortcut_changes_no_choice(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """batch_choice answers "off" for all without its pass grid only where the grid would say the same
     (goodput._all_off): random batches, the live table cost model and a linear one, rows from hopeless to
     long copies; the shortcut must fire on some of them and not on others."""
     from speclab.costmodel import get_cost_model
-    from speclab.simulate.adaptive import goodput
+    from speclab.policy import goodput
 
     rng = np.random.default_rng(seed)
     fired = kept = 0
@@ -473,8 +394,8 @@ def test_all_off_shortcut_changes_no_choice(
             occ = np.full(n, float(n))
             args = (cm, ("ngram", "suffix", "eagle3"), surv, [8, 8, 3], occ, np.full(n, 300.0 * n),
                     ("ngram", "suffix"), np.zeros(n, np.int64))  # fmt: skip
-            fast = goodput.batch_choice(*args, lookahead=lookahead)
-            full = goodput.batch_choice(*args, lookahead=lookahead, shortcut=False)
+            fast = goodput.batch_choice(*args)
+            full = goodput.batch_choice(*args, shortcut=False)
             assert all(np.array_equal(a, b) for a, b in zip(fast, full, strict=True)), (trial, cm.name)
             if (full[1] == 0).all():
                 fired += certified[-1]

@@ -1,18 +1,18 @@
-"""The rule's pooled estimates (issue 12): a lookup's copy continuation and its first-draft rate outside a
+"""The rule's pooled estimates: a lookup's copy continuation and its first-draft rate outside a
 copy, counted over every request served so far, as the shrinkage targets of each request's own estimate
-(speclab.simulate.adaptive.base.pool_counts / free_survival; policy `adaptive-pooled`)."""
+(speclab.policy.adaptive.pool_counts / free_survival; policy `adaptive-pooled`)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-import speclab.simulate.adaptive.base as base
+import speclab.policy.adaptive as base
 from speclab.costmodel import get_cost_model
+from speclab.policy.core import StepView
+from speclab.policy.goodput import geometric, run_length
 from speclab.simulate import make_policy, simulate
-from speclab.simulate.adaptive.goodput import geometric, run_length
 from speclab.simulate.adaptive.synth import make_set
-from speclab.simulate.policies import StepView
 
 
 def view_at(acc: np.ndarray, offers: np.ndarray | None, pos: int) -> StepView:
@@ -137,7 +137,7 @@ def test_pooled_evidence_moves_both_estimates():
 
 def test_live_slots_reset_and_grow():
     pol = make_policy("adaptive-pooled:ngram:8")
-    from speclab.simulate.policies import PolicyContext
+    from speclab.policy.core import PolicyContext
 
     pol.bind(("ngram",), get_cost_model("smollm2-135m-cpu-live"))
     pol.begin(PolicyContext(num_requests=2, batch_size=0, k_max={"ngram": 8}))

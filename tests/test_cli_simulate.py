@@ -124,7 +124,7 @@ def test_simulate_table_json_csv_plot(store, tmp_path, capsys):
 
 def test_simulate_list_policies_and_errors(store, capsys):
     code, out, _ = run(["simulate", "--list-policies"], capsys)
-    assert out.split()[:5] == ["none", "fixed", "oracle", "oracle-combine", "adaptive-k"]
+    assert out.split()[:5] == ["none", "fixed", "oracle", "oracle-combine", "schedule"]
     code, _, err = run(["simulate", "--traces", str(store), "--policy", "fixed:eagle:99"], capsys)
     assert code == 2 and "k_max=20" in err and err.count("\n") == 1
     code, _, err = run(["simulate", "--traces", str(store), "--policy", "bogus"], capsys)

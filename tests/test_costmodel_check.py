@@ -96,7 +96,7 @@ def test_bench_show_notes_an_adaptive_entrys_mismatched_cost_model(tmp_path: Pat
 
     def sweep(cm: Path) -> None:
         entry = {
-            "model": "speclab.methods.vllm_custom.SpeclabAdaptiveProposer",
+            "model": "speclab.live.vllm_custom.SpeclabAdaptiveProposer",
             "proposer_options": {"cost_model": str(cm)},
         }
         methods = [{"name": "none"}, {"name": "custom_class", "label": "adaptive", "options": entry}]
@@ -105,12 +105,6 @@ def test_bench_show_notes_an_adaptive_entrys_mismatched_cost_model(tmp_path: Pat
     sweep(wrong)
     notes = cost_model_notes(run)
     assert len(notes) == 1 and "pricing adaptive" in notes[0] and "cost-models fit" in notes[0]
-    # an entry that refits its prices online (price_fit) is not judged by its configured model
-    entry = {"model": "speclab.methods.vllm_custom.SpeclabAdaptiveProposer"}
-    entry["proposer_options"] = {"cost_model": str(wrong), "price_fit": True}
-    fitted = [{"name": "custom_class", "label": "adaptive-fit", "options": entry}]
-    (run / "sweep.json").write_text(json.dumps({"methods": fitted}))
-    assert cost_model_notes(run) == []
     sweep(fitting)
     assert cost_model_notes(run) == []
     (run / "sweep.json").write_text("{not json")

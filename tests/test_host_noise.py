@@ -3,14 +3,9 @@ prints every line."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
-import host_noise  # noqa: E402
+from benchmarks import host_noise
 
 
 def test_resolution_is_the_sign_test_half_width() -> None:

@@ -137,11 +137,11 @@ def test_vllm_reads_it_as_a_non_causal_dflash_drafter(target_dir, tmp_path) -> N
 
 def test_presets_and_method() -> None:
     from speclab.bench.spec import load_preset
-    from speclab.methods.catalog import DRAFTER_CHECKPOINT_METHODS, MODEL_BASED
+    from speclab.catalog import DRAFTER_CHECKPOINT_METHODS, MODEL_BASED
     from speclab.models import get_preset
 
     assert "dflash" in DRAFTER_CHECKPOINT_METHODS and "dflash" in MODEL_BASED
-    for name, vocab in (("smollm2-135m-dflash-probe", 8192), ("smollm2-135m-dflash-probe-fv", 0)):
+    for name, vocab in (("smollm2-135m-dflash-probe", 8192),):
         p = get_preset(name)
         assert p.role == "dflash" and p.buildable and p.dtypes == ("float32",)
         assert DFlashProbe.from_table(p.probe, name).draft_vocab == vocab

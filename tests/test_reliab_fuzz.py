@@ -25,8 +25,8 @@ from hypothesis import strategies as st  # noqa: E402
 from reliab_helpers import cli, simulate_rows_finite  # tests/ is on sys.path
 from speclab.costmodel import CostModel
 from speclab.errors import SpeclabError
+from speclab.policy.core import make_policy
 from speclab.simulate import simulate
-from speclab.simulate.policies import make_policy
 from speclab.traces import MethodTrace, RequestTrace
 
 _LONG = "SPECLAB_FUZZ_EXAMPLES" in os.environ

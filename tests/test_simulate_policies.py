@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from sim_policies import AdaptiveK, SelectEMA
 from speclab.errors import ConfigError
 from speclab.simulate import Policy, StepView, list_policies, make_policy, register_policy, simulate
-from speclab.simulate.policies import AdaptiveK, SelectEMA
 from speclab.traces import MethodTrace, RequestTrace
 
 
@@ -36,7 +36,7 @@ def test_parse_and_list():
         "fixed",
         "oracle",
         "oracle-combine",
-        "adaptive-k",
+        "schedule",
     ]
     assert make_policy("fixed:eagle:3").spec == "fixed:eagle:3"
     assert make_policy("oracle-combine:ngram,eagle").methods == ("ngram", "eagle")

@@ -15,7 +15,7 @@ from speclab.cli.simulate import command
 from speclab.costmodel import get_cost_model
 from speclab.errors import ConfigError
 from speclab.simulate.adaptive import recommend
-from speclab.simulate.adaptive.schedule import (
+from speclab.simulate.adaptive.recommend import (
     fixed_from_grid,
     schedule_from_grid,
     schedule_support,
@@ -152,7 +152,7 @@ def test_fast_and_reference_agree_on_a_model_drafter_schedule():
 
 
 def test_speedup_grid_has_k0_for_model_drafters_only():
-    from speclab.simulate.adaptive.schedule import speedup_grid
+    from speclab.simulate.adaptive.recommend import speedup_grid
 
     traces = with_methods(("ngram", "eagle3"), n=8)
     g_ea = speedup_grid(traces, CM, "eagle3", [1, 8], kmax=3)
@@ -162,7 +162,7 @@ def test_speedup_grid_has_k0_for_model_drafters_only():
 
 
 def test_only_base_proposer_methods_run_at_k0():
-    from speclab.simulate.policies import make_policy
+    from speclab.policy.core import make_policy
 
     for m, runs in (("ngram", False), ("eagle3", True), ("eagle", True), ("draft_model", True)):
         assert make_policy(f"schedule:{m}:1=2,8=0").drafter_always_runs is runs

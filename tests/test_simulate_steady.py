@@ -4,7 +4,7 @@ makespan, and the warning when the tail (fewer than B running) is a large share 
 import numpy as np
 import pytest
 
-from speclab.simulate import fast, simulate
+from speclab.simulate import costs, fast, simulate
 from speclab.traces import MethodTrace, RequestTrace
 
 
@@ -92,13 +92,13 @@ def _uniform_desync(n: int = 24, out_len: int = 80, prompt: int = 400, seed: int
 
 
 def test_steady_state_does_not_depend_on_the_window_length(monkeypatch):
-    # each prefill is charged over its request's tokens (fast.prefill_charges): the window's figure no
+    # each prefill is charged over its request's tokens (costs.prefill_charges): the window's figure no
     # longer carries the prefills of the requests its end cuts through, so 4 requests per slot give what
     # 40 give; the busy window's own tokens over its time (the previous figure) moves by > 1%
     tr = _uniform_desync()
     ta = fast.prepare(tr, {"ngram"})
     from speclab.costmodel import get_cost_model
-    from speclab.simulate.policies import make_policy
+    from speclab.policy.core import make_policy
 
     cm = get_cost_model("smollm2-135m-cpu-live")
     got, busy = {}, {}
@@ -112,7 +112,7 @@ def test_steady_state_does_not_depend_on_the_window_length(monkeypatch):
             p = make_policy(spec)
             st = fast.baseline_steps(ta) if spec == "none" else fast.run_steps(ta, p, 8, False, "continuous")
             tx, sx = fast.repeat_requests(ta, st, passes)
-            tm[spec] = fast.step_costs(sx, p, tx, cm, "continuous", 8, None, 0.0)
+            tm[spec] = costs.step_costs(sx, p, tx, cm, "continuous", 8, None, 0.0)
         busy[per_slot] = (tm["fixed:ngram:3"].full_tokens / tm["fixed:ngram:3"].busy_s) / (
             tm["none"].full_tokens / tm["none"].busy_s
         )

@@ -115,15 +115,15 @@ def test_speed_300_requests_six_batch_sizes():
 
 
 def test_step_table_is_linear_in_positions():
-    from speclab.simulate import fast
-    from speclab.simulate.policies import make_policy
+    from speclab.policy.core import make_policy
+    from speclab.simulate import costs, fast
 
     tr = mk(50, L=40)
     ta = fast.prepare(tr, {"ngram", "eagle"})
     for pol in ("fixed:eagle:1", "oracle-combine:ngram,eagle", "adaptive-k:ngram"):
         st = fast.run_steps(ta, make_policy(pol), 8, heuristic=False)
         assert len(st.req) <= ta.total_positions - ta.n  # at most one row per position after prefill
-    sch = fast.schedule(st.n_steps, "continuous", 8)
+    sch = costs.schedule(st.n_steps, "continuous", 8)
     assert sch.num_steps <= len(st.req) + ta.n
 
 

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from speclab.atomic import atomic_write_text
+from speclab.catalog import NGRAM_MAX_N, NGRAM_MIN_N, REPLAY_METHODS
 from speclab.errors import SpeclabError
-from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N, REPLAY_METHODS
 
 DEMO_PRESET = "demo-cpu"
 # What the first run trains, and its budget (shown by `speclab demo --help`; presets/models/*.toml hold the

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from speclab.methods.catalog import MODEL_BASED, MODEL_FREE
+from speclab.catalog import MODEL_BASED, MODEL_FREE
 from speclab.traces import RequestTrace
 from speclab.workloads.overlap import ngram_overlap
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from speclab.bench.spec import SweepSpec
+from speclab.catalog import CATALOG
 from speclab.engine.protocol import PromptSpec
 from speclab.errors import ConfigError, SpeclabError
-from speclab.methods.catalog import CATALOG
 
 
 def _looks_like_path(name: str) -> bool:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from speclab.bench.cells import Cell, EngineGroup
-from speclab.methods.catalog import MODEL_BASED
+from speclab.catalog import MODEL_BASED
 
 
 class Eta:

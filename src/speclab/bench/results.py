@@ -24,10 +24,10 @@ import pyarrow.parquet as pq
 from speclab.atomic import atomic_path, atomic_write_text
 from speclab.bench.cells import Cell
 from speclab.bench.repeats import apply_pairs
+from speclab.catalog import trace_method_name
 from speclab.engine.measure import loadavg
 from speclab.engine.protocol import CellResult
 from speclab.errors import ConfigError
-from speclab.methods.catalog import trace_method_name
 from speclab.traces.model import RequestTrace
 from speclab.traces.store import read_store, records_to_table
 
@@ -222,7 +222,7 @@ def baseline_outputs(run_dir: Path, row: dict[str, Any]) -> dict[str, list[int]]
 def effective_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
     """The options the method ran with (custom_class: speclab's adapters read proposer_options)."""
     if method == "custom_class":
-        from speclab.methods.vllm_custom import adapter_options
+        from speclab.live.vllm_custom import adapter_options
 
         return adapter_options(options)
     return dict(options)

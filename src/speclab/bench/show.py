@@ -219,22 +219,20 @@ def cost_model_notes(run_dir: Path) -> list[str]:
     """For each cost model that prices an adaptive entry of the run (proposer_options.cost_model, or the
     proposer's default), a note where it does not fit the run's own engines: a verified draft token's share
     of the step differs by more than PRICE_MISMATCH between the model and the run's decode/verify forwards
-    (speclab.costmodel.check; docs/cost-models.md). Such a policy drafts too little or too much on
-    this machine. Entries with `price_fit` are left out: they refit their prices from the engine's own step
-    intervals as they run (speclab.costmodel.online). Empty where nothing is priced or the timings cannot
-    say."""
+    (speclab.costmodel.check; docs/cost-models.md). Such a policy drafts too little or too much on this
+    machine. Empty where nothing is priced or the timings cannot say."""
     import json
 
     try:
         from speclab.costmodel import get_cost_model
         from speclab.costmodel.check import check_rows, decode_rows, mismatch_note, mismatches
-        from speclab.methods.adaptive_live import DEFAULT_COST_MODEL
+        from speclab.live.driver import DEFAULT_COST_MODEL
 
         sweep = json.loads((run_dir / "sweep.json").read_text())
         names: dict[str, list[str]] = {}
         for m in sweep.get("methods", []):
             opts = (m.get("options") or {}).get("proposer_options")
-            if opts is None or opts.get("price_fit"):
+            if opts is None:
                 continue
             names.setdefault(str(opts.get("cost_model", DEFAULT_COST_MODEL)), []).append(
                 str(m.get("label") or m.get("name"))

@@ -63,9 +63,9 @@ from pathlib import Path
 from typing import Any
 
 from speclab.bench.server_spec import ServerSpec, parse_server
+from speclab.catalog import ENGINE_METHODS, METHODS_NEEDING_MODEL
 from speclab.engine.protocol import BATCHING, DTYPES
 from speclab.errors import ConfigError
-from speclab.methods.catalog import ENGINE_METHODS, HYBRID_METHODS, METHODS_NEEDING_MODEL
 
 TOP_KEYS = {
     "name",
@@ -93,7 +93,7 @@ _LABEL_RE = re.compile(r"^[A-Za-z0-9_.+\-]+$")
 
 @dataclass
 class MethodEntry:
-    name: str  # an engine method (speclab.methods.catalog.ENGINE_METHODS)
+    name: str  # an engine method (speclab.catalog.ENGINE_METHODS)
     k: int | None
     options: dict[str, Any] = field(default_factory=dict)
     label: str = ""  # shown in tables and cell ids; default "none" / "<name>-k<k>"
@@ -273,10 +273,9 @@ def _method(d: Any, i: int, src: str) -> MethodEntry:
         if not isinstance(options.get("model"), str) or not options["model"].strip():
             raise ConfigError(f"{where}: field model: method {name} needs {what}")
     if "proposer_options" in options:
-        if name != "custom_class" and name not in HYBRID_METHODS:
+        if name != "custom_class":
             raise ConfigError(
-                f"{where}: field proposer_options: only custom_class (speclab's adapters) and eagle3/eagle "
-                "(speclab's adaptive hybrid) take it"
+                f"{where}: field proposer_options: only custom_class (speclab's adapters) takes it"
             )
         if not isinstance(options["proposer_options"], dict):
             raise ConfigError(f"{where}: field proposer_options: expected a table")

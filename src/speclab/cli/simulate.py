@@ -1,58 +1,21 @@
 """`speclab simulate`: predict SD throughput per batch size from traces and a cost model.
 
-About 415 lines: one command with many options (the study's rules, trace sets, Ray, CSV/JSON/plot output,
---recommend); the simulation itself lives in speclab.simulate.
+One command with many options (the study's rules, trace sets, Ray, --recommend); its output (table, JSON,
+CSV, plot, the recommendation) is written by speclab.cli.simulate_output; the simulation itself lives in
+speclab.simulate.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
+import functools
 import math
 from pathlib import Path
 
 import click
 
 from speclab.cli import batch_size_list
+from speclab.cli.simulate_output import PLOT_FORMATS, emit, recommend_and_print
 from speclab.errors import ConfigError
-
-PLOT_FORMATS = (".png", ".svg", ".pdf")
-
-CSV_FIELDS = [
-    "batch_size",
-    "policy",
-    "speedup",
-    "throughput_tok_s",
-    "baseline_throughput_tok_s",
-    "mean_accepted_len",
-    "verify_s",
-    "propose_s",
-    "overhead_s",
-    "total_time_s",
-    "tokens_rejected",
-    "steps",
-    "output_tokens",
-    "num_requests",
-    "batching",
-    "aggregate",
-    "makespan_speedup",
-    "makespan_throughput_tok_s",
-    "tail_share",
-    "steady_speedup",
-    "steady_throughput_tok_s",
-]
-
-
-def _rows(results: list) -> list[dict]:
-    rows = []
-    for r in results:
-        d = r.to_dict()
-        split = d.pop("time_split_s")
-        d.pop("notes")
-        d.update({f"{k}_s": v for k, v in split.items()})
-        rows.append({k: d[k] for k in CSV_FIELDS})
-    return rows
 
 
 def _parse_sizes(s: str) -> list[int]:
@@ -81,40 +44,6 @@ def _unique_stores(stores: tuple[str, ...]) -> list[str]:
             continue
         out[key] = s
     return list(out.values())
-
-
-def _plot(results: list, path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from speclab.atomic import atomic_path
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for pol in dict.fromkeys(r.policy for r in results):
-        pts = [(r.batch_size, r.speedup) for r in results if r.policy == pol]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=pol)
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_xscale("log", base=2)
-    sizes = sorted({r.batch_size for r in results})
-    ax.set_xticks(sizes, [str(b) for b in sizes])
-    ax.minorticks_off()
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("speedup over no SD")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=Path(path).suffix.lower()[1:], dpi=120)
-    plt.close(fig)
-
-
-def _continuous_cols(r, measure: str) -> str:
-    other = r.makespan_speedup if measure == "steady" else r.steady_speedup
-    tail = "-" if r.tail_share is None else f"{100 * r.tail_share:.1f}%"
-    return f" {other:>8.2f}x {tail:>6}"
 
 
 @click.command(name="simulate")
@@ -257,7 +186,6 @@ def command(
     --policy oracle-combine:ngram,eagle --batching replicate --aggregate study
     """
     from speclab.simulate import list_policies as _list
-    from speclab.simulate import simulate
 
     if list_policies:
         for p in _list():
@@ -289,7 +217,7 @@ def command(
         traces = _read_traces(stores, workloads)
         sets = {"traces": traces}
     if recommend:
-        _recommend(traces, cost_model, _parse_sizes(batch_sizes), recommend_kmax, as_json)
+        recommend_and_print(traces, cost_model, _parse_sizes(batch_sizes), recommend_kmax, as_json)
         if not policies:
             return
     opts = dict(
@@ -303,75 +231,48 @@ def command(
         sample=sample,
         engine=engine,
     )
+    set_of, results = _run(sets, cost_model, policies, batching, sizes, aggregate, seed, ray_address, opts)
+    emit(
+        results,
+        set_of,
+        sets,
+        cost_model,
+        batching,
+        aggregate,
+        continuous_measure,
+        csv_path,
+        plot_path,
+        as_json,
+    )
+
+
+def _run(
+    sets: dict[str, list],
+    cost_model: str,
+    policies: tuple[str, ...],
+    batching: str,
+    sizes: list[int],
+    aggregate: str,
+    seed: int,
+    ray_address: str | None,
+    opts: dict,
+) -> tuple[list[str], list]:
+    """Simulate every trace set: in this process (one set) or as a sweep (several, or --ray); returns each
+    result's trace-set name and the results."""
+    from speclab.simulate import simulate
+
+    args = (cost_model, list(policies), batching, sizes)
+    kw = dict(aggregate=aggregate, seed=seed, **opts)
     if ray_address is None and len(sets) == 1:
-        results = simulate(
-            traces, cost_model, list(policies), batching, sizes, aggregate=aggregate, seed=seed, **opts
-        )
+        results = simulate(next(iter(sets.values())), *args, **kw)
         set_of = [next(iter(sets))] * len(results)
     else:
         from speclab.simulate.distributed import simulate_sweep
 
-        pairs = simulate_sweep(
-            sets,
-            cost_model,
-            list(policies),
-            batching,
-            sizes,
-            aggregate=aggregate,
-            seed=seed,
-            ray_address=ray_address,
-            echo=lambda m: click.echo(m, err=True),
-            **opts,
-        )
+        echo = functools.partial(click.echo, err=True)
+        pairs = simulate_sweep(sets, *args, ray_address=ray_address, echo=echo, **kw)
         set_of, results = [p[0] for p in pairs], [p[1] for p in pairs]
-    many = len(sets) > 1
-    for n in dict.fromkeys(n for r in results for n in r.notes):
-        click.echo(f"note: {n}", err=True)
-    if csv_path:
-        from speclab.atomic import atomic_write_text
-
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=(["trace_set"] if many else []) + CSV_FIELDS)
-        w.writeheader()
-        w.writerows(
-            [dict(row, trace_set=name) for name, row in zip(set_of, _rows(results), strict=True)]
-            if many
-            else _rows(results)
-        )
-        atomic_write_text(csv_path, buf.getvalue())
-    if plot_path:
-        _plot(
-            results,
-            plot_path,
-            f"{cost_model} | {batching} | aggregate {aggregate} | {results[0].num_requests} req",
-        )
-    if as_json:
-        click.echo(
-            json.dumps(
-                [
-                    dict(r.to_dict(), trace_set=n) if many else r.to_dict()
-                    for n, r in zip(set_of, results, strict=True)
-                ],
-                indent=2,
-            )
-        )
-        return
-    cont = batching == "continuous"
-    head = f"{'batch':>5}  {'policy':<30} {'speedup':>8} {'tok/s':>10} {'acc_len':>7} {'verify%':>7} {'propose%':>8} {'ovh%':>5} {'rejected':>10}"
-    if cont:  # the other measure beside the headline one, and the single pass's tail
-        head += f" {'makespan' if continuous_measure == 'steady' else 'steady':>9} {'tail%':>6}"
-    width = max(len(n) for n in sets)
-    click.echo((f"{'set':<{width}}  " if many else "") + head)
-    for name, r in zip(set_of, results, strict=True):
-        tot = sum(r.time_split_s.values()) or 1.0
-        acc = "-" if r.mean_accepted_len is None else f"{r.mean_accepted_len:.2f}"
-        click.echo(
-            (f"{name:<{width}}  " if many else "")
-            + f"{r.batch_size:>5}  {r.policy:<30} {r.speedup:>7.2f}x {r.throughput_tok_s:>10.1f} {acc:>7} "
-            f"{100 * r.time_split_s['verify'] / tot:>6.1f}% {100 * r.time_split_s['propose'] / tot:>7.1f}% "
-            f"{100 * r.time_split_s['overhead'] / tot:>4.1f}% {r.tokens_rejected:>10}"
-            + (_continuous_cols(r, continuous_measure) if cont else "")
-        )
+    return set_of, results
 
 
 def _read_traces(stores: tuple[str, ...], workloads: tuple[str, ...]) -> list:
@@ -398,41 +299,3 @@ def _trace_sets(args: tuple[str, ...], workloads: tuple[str, ...]) -> dict[str, 
             raise ConfigError(f"--trace-set {name}: given twice")
         sets[name] = _read_traces(tuple(_unique_stores(stores)), workloads)
     return sets
-
-
-def _recommend(traces: list, cost_model: str, sizes: list[int], kmax: int, as_json: bool) -> None:
-    from speclab.simulate.adaptive import recommend
-
-    rec = recommend(traces, cost_model, sizes, kmax)
-    if as_json:
-        click.echo(json.dumps(rec, indent=2))
-        return
-    what = "vLLM's batch-size schedule" if rec["kind"] == "schedule" else "one fixed k"
-    click.echo(f"recommended: {rec['method']} with {what} ({rec['policy']})")
-    click.echo("simulated speedup (continuous batching, steady state): " + ", ".join(
-        f"B={b} {v:.2f}x" for b, v in rec["speedup"].items()))  # fmt: skip
-    if rec["note"]:
-        click.echo(f"  note: {rec['note']}")
-    for m, o in rec["others"].items():
-        if m != rec["method"]:
-            click.echo(f"  other: {o['policy']} (mean speedup {o['mean_speedup']:.2f}x)")
-            if o["note"]:
-                click.echo(f"    note: {o['note']}")
-    if rec["not_costed"]:
-        click.echo(
-            f"  skipped (the cost model has no drafting cost for them): {', '.join(rec['not_costed'])}"
-        )
-    installed = rec["vllm"] or "not installed here"
-    click.echo(
-        f"only what vLLM {rec['vllm_checked']} can run is offered (schedules for ngram, eagle, eagle3, mtp, "
-        f"draft_model; one fixed k for suffix and custom_class); installed vLLM: {installed}"
-    )
-    if rec["vllm"] and not rec["vllm"].startswith(rec["vllm_checked"] + "."):
-        click.echo(f"  warning: which proposers follow a schedule was checked in vLLM {rec['vllm_checked']}'s "
-                   f"source only; check yours ({rec['vllm']})")  # fmt: skip
-    click.echo("speculative config (k = 0 switches SD off at that batch size):")
-    click.echo(json.dumps(rec["speculative_config"]))
-    if rec["method"].startswith("custom:"):
-        click.echo('(add "model": the proposer\'s class path, package.module.ClassName)')
-    elif rec["method"] not in ("ngram", "suffix"):
-        click.echo(f'(add the drafter: "model": the {rec["method"]} model path, as in your current config)')

@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
+from speclab.catalog import NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.errors import ConfigError
-from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N
 
 _METHODS_HELP = (
     "Comma list of methods to replay: ngram, suffix, draft_model, eagle3 (a trained EAGLE-3 head), "

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
+from speclab.catalog import MODEL_FREE
 from speclab.costmodel.forms import PiecewiseTargetCost, TableTargetCost
 from speclab.costmodel.model import _DRAFT_KEYS as DRAFT_KEYS
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
-from speclab.methods.catalog import MODEL_FREE
 from speclab.timings import read_timings
 
 KNEES = (2, 4, 8, 16, 32, 64, 128, 256)  # knees the piecewise target form is fitted at (the best kept)

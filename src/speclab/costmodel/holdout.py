@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from speclab.catalog import MODEL_FREE
 from speclab.costmodel.fit import (
     fit_cost_model_report,
     fit_forwards,
@@ -33,7 +34,6 @@ from speclab.costmodel.fit import (
 )
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
-from speclab.methods.catalog import MODEL_FREE
 from speclab.timings import COLUMNS, TimingsRow, append_timings, read_timings
 
 HOLDOUT_EVERY = 4  # cells 3, 7, 11, ... (of each profiled engine, or chunks of a timings file) are not fitted

@@ -13,9 +13,7 @@ Method options (`EngineSpec.options`), passed on to vLLM's speculative_config:
 - draft_model / eagle / eagle3 / dflash: model (drafter checkpoint or head: path, preset name or hub id)
 - mtp: (none required; options pass through)
 - custom_class: model (dotted path "package.module.ClassName"); proposer_options (a JSON object, exported
-  to the worker as SPECLAB_PROPOSER_OPTIONS for speclab.methods.vllm_custom's adapters, not sent to vLLM)
-- eagle3 / eagle with proposer_options: speclab's hybrid adaptive proposer (speclab.methods.hybrid_live)
-  drives the engine's drafter; the options go to it, not to vLLM
+  to the worker as SPECLAB_PROPOSER_OPTIONS for speclab's custom_class adapters, not sent to vLLM)
 Any other key is passed through to speculative_config unchanged. `EngineSpec.llm_kwargs` is passed to
 `vllm.LLM(...)` unchanged (e.g. tensor_parallel_size, gpu_memory_utilization on a GPU).
 
@@ -34,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from speclab.atomic import atomic_write_text
+from speclab.catalog import ENGINE_METHODS, METHODS_NEEDING_MODEL
 from speclab.errors import ConfigError
-from speclab.methods.catalog import ENGINE_METHODS, METHODS_NEEDING_MODEL
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 BATCHING: tuple[str, ...] = ("replicate", "continuous")

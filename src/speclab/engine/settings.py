@@ -10,10 +10,10 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from speclab.catalog import DRAFTER_CHECKPOINT_METHODS, SAME_TOKENIZER_METHODS
 from speclab.engine import cpu_sampling
 from speclab.engine.protocol import EngineSpec
 from speclab.errors import SpeclabError
-from speclab.methods.catalog import DRAFTER_CHECKPOINT_METHODS, SAME_TOKENIZER_METHODS, is_hybrid
 from speclab.models import check_same_tokenizer, resolve_model
 
 
@@ -55,10 +55,6 @@ def speculative_config(spec: EngineSpec, drafter: str | None) -> dict[str, Any] 
     cfg: dict[str, Any] = {k: v for k, v in spec.options.items() if k not in ("model", "proposer_options")}
     cfg["method"] = spec.method
     cfg["num_speculative_tokens"] = spec.k
-    if is_hybrid(spec.method, spec.options):
-        # speclab's hybrid (speclab.methods.hybrid_live) drafts after the step's bookkeeping, with
-        # per-request draft counts: vLLM's unpadded drafter path
-        cfg["disable_padded_drafter_batch"] = True
     if drafter is not None:
         cfg["model"] = drafter
     elif spec.method == "custom_class":

@@ -28,6 +28,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from speclab.catalog import MODEL_BASED, trace_method_name
 from speclab.engine.launch import kv_cache_env
 from speclab.engine.measure import (
     checkpoint_num_params,
@@ -53,11 +54,6 @@ from speclab.engine.protocol import (
 )
 from speclab.engine.settings import llm_kwargs, resolve_paths
 from speclab.errors import SpeclabError
-from speclab.methods.catalog import (
-    MODEL_BASED,
-    is_hybrid,
-    trace_method_name,
-)
 from speclab.timings import append_timings
 
 # engine steps in a row without a new token or a finished request before drive() gives up
@@ -101,15 +97,6 @@ class Engine:
             method=trace_method_name(spec.method, spec.options),
             sync=torch.cuda.synchronize if on_gpu else None,
         )
-        if is_hybrid(spec.method, spec.options):
-            # an engine drafter (eagle3) chosen per step by speclab's adaptive rule, beside the model-free
-            # probes: speclab.methods.hybrid_live wraps the runner's proposal (before the profiler wraps it,
-            # so the driver's time is counted as drafting)
-            if self.runner is None:
-                raise RuntimeError("proposer_options on an engine drafter need the in-process engine")
-            from speclab.methods.hybrid_live import install
-
-            self.hybrid = install(self.runner, dict(spec.options["proposer_options"]))
         if self.runner is not None:
             self.profiler.install(self.runner)
         self.memory = self._static_memory()
@@ -392,17 +379,6 @@ def _run_one(engine: Engine, cell: CellSpec, job: Job, out: str) -> None:
             append_timings(job.timings_csv, (r.as_list() for r in engine.profiler.rows))
         except OSError as exc:
             print(f"speclab worker: cannot append timings: {exc}", file=sys.stderr)
-    hybrid = getattr(engine, "hybrid", None)
-    if hybrid is not None:  # the hybrid's decisions in this cell (rows per choice, steps per head passes)
-        print(f"speclab worker: hybrid decisions {hybrid.counts}, head passes {dict(sorted(hybrid.passes.items()))}, "
-              f"steps sampled plainly {hybrid.plain_steps}", file=sys.stderr, flush=True)  # fmt: skip
-        hybrid.counts = dict.fromkeys(hybrid.counts, 0)
-        hybrid.passes = {}
-        hybrid.plain_steps = 0
-    fit = getattr(getattr(getattr(engine.runner, "drafter", None), "driver", None), "fit", None)
-    if fit is not None:  # the adaptive proposer's prices refitted online (price_fit), as of this cell's end
-        print(f"speclab worker: online prices {fit.prices().describe()}, prior {fit.prior_prices.describe()}, "
-              f"{fit.rejected} intervals not fitted", file=sys.stderr, flush=True)  # fmt: skip
     print(
         f"speclab worker: cell {cell.cell_id}: {res.status}"
         + (

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from speclab.catalog import REPLAY_METHODS
 from speclab.errors import ConfigError
-from speclab.methods.catalog import REPLAY_METHODS
 
 __all__ = ["REPLAY_METHODS", "make_proposer"]
 

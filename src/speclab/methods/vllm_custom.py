@@ -14,16 +14,8 @@ The adapters call the same code the replay uses (speclab.methods.ngram `propose`
 `SuffixSpeculator.step`, itself arctic-inference's cache as vLLM's built-in `suffix` runs it), so a replayed
 trace and a live run cannot drift apart; `speclab trace crosscheck` checks it on real runs.
 
-`SpeclabAdaptiveProposer` chooses per step and per row among those proposers and how many drafts (0..K),
-with one of the simulator's adaptive policies (speclab.methods.adaptive_live; docs/adaptive.md), options
-'{"methods": ["ngram", "suffix"], "policy": "adaptive", "kmax": 8, "cost_model": "smollm2-135m-cpu-live",
-"ngram": {...}, "suffix": {...}, "price_fit": true}' (all optional; without `methods` / `policy` it runs the
-n-gram probe only with `adaptive-pooled`, the faster of the two on one engine start-up, docs/adaptive.md
-"Stop 22"; price_fit: refit the cost model's prices online from the engine's step intervals,
-speclab.costmodel.online).
-
-`SpeclabSwitchProposer` holds several of these as arms of one engine, one active at a time (`set_arm`), to
-compare them on one engine start-up (benchmarks/same_engine.py).
+The adaptive proposer, which chooses per step among these proposers, is speclab.live.vllm_custom's
+`SpeclabAdaptiveProposer`.
 """
 
 from __future__ import annotations
@@ -35,12 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N
-from speclab.methods.ngram import NgramProposer
+from speclab.catalog import NGRAM_MAX_N, NGRAM_MIN_N
+from speclab.methods.ngram import NgramProposer, vllm_ngram_kernel
 from speclab.methods.suffix import SuffixSpeculator, suffix_options
 
 OPTIONS_ENV = "SPECLAB_PROPOSER_OPTIONS"
-ADAPTIVE_KEYS = ("methods", "kmax", "cost_model", "policy", "ngram", "suffix", "price_fit")
 
 
 def _options(method: str) -> dict[str, Any]:
@@ -61,24 +52,11 @@ def _for_method(opts: dict[str, Any], method: str) -> dict[str, Any]:
     return dict(opts)
 
 
-def adapter_options(engine_options: dict[str, Any]) -> dict[str, Any]:
-    """The options a custom_class engine ran with. For one of speclab's adapters (model
-    "speclab.methods.vllm_custom.<Class>") its proposer_options, resolved as the adapter resolves
-    SPECLAB_PROPOSER_OPTIONS, are merged in at the top level; anything else is returned as given."""
-    module, _, cls_name = str(engine_options.get("model", "")).rpartition(".")
-    cls = globals().get(cls_name) if module == __name__ else None
-    popts = engine_options.get("proposer_options")
-    if not (isinstance(cls, type) and issubclass(cls, _Base) and isinstance(popts, dict)):
-        return dict(engine_options)
-    rest = {k: v for k, v in engine_options.items() if k != "proposer_options"}
-    return {**rest, **_for_method(popts, cls.method)}
-
-
 class _Base:
     method = ""
 
     def __init__(self, vllm_config: Any, options: dict[str, Any] | None = None, k: int | None = None) -> None:
-        """`options` / `k`: given by SpeclabSwitchProposer for one of its arms (default: the environment's
+        """`options` / `k`: given by a caller that builds the adapter itself (default: the environment's
         options, the engine's num_speculative_tokens)."""
         sc = vllm_config.speculative_config
         self.k = int(sc.num_speculative_tokens) if k is None else int(k)
@@ -104,15 +82,13 @@ class SpeclabNgramProposer(_Base):
         self.max_n = int(self.options.get("max_n", NGRAM_MAX_N))
         self.proposer = NgramProposer(min_n=self.min_n, max_n=self.max_n, max_model_len=self.max_model_len)
         # impl "vllm": vLLM's own compiled lookup (the same rule, microseconds per row; what the built-in
-        # n-gram costs), e.g. as a static arm of SpeclabSwitchProposer; "speclab" (default): speclab's
+        # n-gram costs); "speclab" (default): speclab's
         # restatement, which is what `speclab trace crosscheck` checks against the built-in
         impl = self.options.get("impl", "speclab")
         if impl not in ("speclab", "vllm"):
             raise ValueError(f"{OPTIONS_ENV}: ngram impl must be 'speclab' or 'vllm', got {impl!r}")
         self.kernel = None
         if impl == "vllm":
-            from speclab.methods.adaptive_live import vllm_ngram_kernel
-
             self.kernel = vllm_ngram_kernel()
             if self.kernel is None:
                 raise ValueError(f"{OPTIONS_ENV}: ngram impl 'vllm' needs an importable vLLM")
@@ -185,136 +161,3 @@ class SpeclabSuffixProposer(_Base):
         self.spec.stop_missing(seen)
         self.ids = ids
         return out
-
-
-class SpeclabAdaptiveProposer(_Base):
-    """An adaptive policy live: per step and row, n-gram or suffix drafts (speclab's code for both) or
-    none, and how many, from each request's hindsight, the proposers' current offers and the live batch
-    (speclab.methods.adaptive_live). KMAX = the engine's num_speculative_tokens unless `kmax` is smaller.
-    Default: the n-gram probe only, `adaptive-pooled` (adaptive_live.ENGINE_DEFAULT_*)."""
-
-    method = "adaptive"
-
-    def __init__(self, vllm_config: Any, options: dict[str, Any] | None = None, k: int | None = None) -> None:
-        super().__init__(vllm_config, options, k)
-        from speclab.methods.adaptive_live import (
-            DEFAULT_COST_MODEL,
-            ENGINE_DEFAULT_METHODS,
-            ENGINE_DEFAULT_POLICY,
-            AdaptiveDriver,
-        )
-
-        o = self.options
-        bad = sorted(set(o) - set(ADAPTIVE_KEYS))
-        if bad:
-            raise ValueError(f"{OPTIONS_ENV}: unknown adaptive option(s) {bad} (have {list(ADAPTIVE_KEYS)})")
-        kmax = int(o.get("kmax", self.k))
-        if not 1 <= kmax <= self.k:
-            raise ValueError(f"{OPTIONS_ENV}: kmax={kmax} must lie in 1..num_speculative_tokens ({self.k})")
-        self.driver = AdaptiveDriver(
-            kmax=kmax,
-            max_model_len=self.max_model_len,
-            methods=tuple(o.get("methods", ENGINE_DEFAULT_METHODS)),
-            cost_model=str(o.get("cost_model", DEFAULT_COST_MODEL)),
-            policy=str(o.get("policy", ENGINE_DEFAULT_POLICY)),
-            ngram=o.get("ngram"),
-            suffix=o.get("suffix"),
-            price_fit=o.get("price_fit", False),
-        )
-
-    def propose(
-        self,
-        sampled_token_ids: list[list[int]],
-        num_tokens_no_spec: np.ndarray,
-        token_ids_cpu: np.ndarray,
-        slot_mappings: Any = None,
-        **_: Any,
-    ) -> list[list[int]]:
-        return self.driver.step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
-
-
-SWITCH_PROPOSERS: dict[str, type[_Base] | None] = {
-    "off": None,
-    "ngram": SpeclabNgramProposer,
-    "suffix": SpeclabSuffixProposer,
-    "adaptive": SpeclabAdaptiveProposer,
-}
-# the arm every SpeclabSwitchProposer of this process runs (set_arm); None: each one's first arm
-_ACTIVE_ARM: list[str | None] = [None]
-
-
-def set_arm(name: str | None) -> None:
-    """Make every SpeclabSwitchProposer in this process run arm `name` from its next step (None: its first
-    arm). For an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0), called between cells."""
-    _ACTIVE_ARM[0] = name
-
-
-def switch_arms(
-    options: dict[str, Any], engine_k: int | None = None
-) -> dict[str, tuple[str, int | None, dict]]:
-    """Validated arms of a SpeclabSwitchProposer: {"arms": {NAME: {"proposer": off|ngram|suffix|adaptive,
-    "k": K, "options": {...}}}} -> {NAME: (proposer, k or None, options)}; k <= engine_k where given."""
-    arms = options.get("arms")
-    unknown = sorted(set(options) - {"arms"})
-    if unknown:
-        raise ValueError(f"{OPTIONS_ENV}: unknown switch option(s) {unknown} (have ['arms'])")
-    if not isinstance(arms, dict) or not arms:
-        raise ValueError(f"{OPTIONS_ENV}: the switch proposer needs 'arms', a non-empty object of named arms")
-    out: dict[str, tuple[str, int | None, dict]] = {}
-    for name, arm in arms.items():
-        if not isinstance(arm, dict) or sorted(set(arm) - {"proposer", "k", "options"}):
-            raise ValueError(f"{OPTIONS_ENV}: arm {name!r}: expected an object with proposer, k, options")
-        kind = arm.get("proposer")
-        if kind not in SWITCH_PROPOSERS:
-            raise ValueError(
-                f"{OPTIONS_ENV}: arm {name!r}: proposer {kind!r} not one of {', '.join(SWITCH_PROPOSERS)}"
-            )
-        k = arm.get("k")
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise ValueError(f"{OPTIONS_ENV}: arm {name!r}: k must be an integer >= 1, got {k!r}")
-        if k is not None and engine_k is not None and k > engine_k:
-            raise ValueError(
-                f"{OPTIONS_ENV}: arm {name!r}: k={k} above the engine's num_speculative_tokens ({engine_k})"
-            )
-        opts = arm.get("options", {})
-        if not isinstance(opts, dict):
-            raise ValueError(f"{OPTIONS_ENV}: arm {name!r}: options must be an object")
-        out[str(name)] = (kind, k, dict(opts))
-    return out
-
-
-class SpeclabSwitchProposer(_Base):
-    """Several proposers in one engine, one of them active at a time (`set_arm`, between cells), so that
-    proposers are compared on the same engine start-up: on the 2-core CPU an engine's speed differs by 5-30%
-    between start-ups and keeps that offset for its life (docs/bench.md), which is larger than the
-    differences between proposers. Arms: "off" (no drafts: the engine's own step with SD on and nothing to
-    verify), and speclab's n-gram, suffix and adaptive adapters above with their own options and k (<= the
-    engine's num_speculative_tokens). benchmarks/same_engine.py drives it."""
-
-    method = "switch"
-
-    def __init__(self, vllm_config: Any, options: dict[str, Any] | None = None, k: int | None = None) -> None:
-        super().__init__(vllm_config, options, k)
-        self.arms: dict[str, _Base | None] = {}
-        for name, (kind, arm_k, opts) in switch_arms(self.options, self.k).items():
-            cls = SWITCH_PROPOSERS[kind]
-            self.arms[name] = None if cls is None else cls(vllm_config, opts, arm_k)
-        self.first = next(iter(self.arms))
-        self.calls: dict[str, int] = dict.fromkeys(self.arms, 0)
-
-    def propose(
-        self,
-        sampled_token_ids: list[list[int]],
-        num_tokens_no_spec: np.ndarray,
-        token_ids_cpu: np.ndarray,
-        slot_mappings: Any = None,
-        **_: Any,
-    ) -> list[list[int]]:
-        name = _ACTIVE_ARM[0] or self.first
-        if name not in self.arms:
-            raise ValueError(f"switch proposer: no arm {name!r} (have {', '.join(self.arms)})")
-        self.calls[name] += 1
-        arm = self.arms[name]
-        if arm is None:
-            return [[] for _ in sampled_token_ids]
-        return arm.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from speclab.catalog import ENGINE_METHODS
 from speclab.costmodel.holdout import HOLDOUT_EVERY
 from speclab.engine.protocol import CellSpec, EngineSpec, Job, PromptSpec
 from speclab.errors import ConfigError
-from speclab.methods.catalog import ENGINE_METHODS
 
 # (batch size, prompt tokens): prefills of 16..512 tokens at every batch size, long contexts at small batch
 TARGET_SHAPES: tuple[tuple[int, int], ...] = (

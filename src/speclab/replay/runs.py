@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from speclab.bench.results import ResultsStore, effective_options
+from speclab.catalog import NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.methods import make_proposer
-from speclab.methods.catalog import HYBRID_PREFIX, NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.methods.suffix import SuffixSpeculator, suffix_options
 from speclab.traces import RequestTrace
 
@@ -87,7 +87,7 @@ def replay_spec(
             "max_model_len": cli.get("max_model_len"),
             "threads": cli.get("threads"),
         }
-    if method == ADAPTIVE_METHOD or method.startswith("custom:" + HYBRID_PREFIX):
+    if method == ADAPTIVE_METHOD:
         return ADAPTIVE_REFUSAL
     return f"no speclab replay for {method!r}"
 

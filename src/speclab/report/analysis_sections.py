@@ -118,8 +118,7 @@ def adaptive(d: ReportData) -> list[str]:
     ev = d.analysis.get("adaptive") or {}
     if not ev.get("rows"):
         return h + [missing("No adaptive evaluation (python -m speclab.simulate.adaptive.evaluate).")]
-    h.append(f"<p>Cost model {esc(ev.get('cost_model'))}; {esc(ev.get('batching'))}. Learned predictor and "
-             "adaptive-survival's prior: trained on the other sets (held out).</p>")  # fmt: skip
+    h.append(f"<p>Cost model {esc(ev.get('cost_model'))}; {esc(ev.get('batching'))}.</p>")
     for s in ev.get("summary", []):
         rs = [r for r in ev["rows"] if r["set"] == s["set"]]
         sizes = sorted({r["batch_size"] for r in rs})

@@ -1,10 +1,7 @@
-"""Trace-driven speculative-decoding simulator (see docs/simulator.md)."""
+"""Trace-driven speculative-decoding simulator (see docs/simulator.md). The policies it runs are
+speclab.policy's (re-exported here for convenience)."""
 
-# registers the adaptive policies (issue 12) by name
-from speclab.simulate import adaptive as _adaptive  # noqa: E402,F401
-from speclab.simulate.api import AGGREGATES, SimResult, simulate
-from speclab.simulate.fast import BATCHING_MODES
-from speclab.simulate.policies import (
+from speclab.policy import (
     Policy,
     PolicyContext,
     StepOutcome,
@@ -13,6 +10,8 @@ from speclab.simulate.policies import (
     make_policy,
     register_policy,
 )
+from speclab.simulate.api import AGGREGATES, SimResult, simulate
+from speclab.simulate.fast import BATCHING_MODES
 
 __all__ = [
     "AGGREGATES",

@@ -10,8 +10,9 @@ import numpy as np
 
 from speclab.costmodel import CostModel, get_cost_model
 from speclab.errors import ConfigError
-from speclab.simulate import fast
-from speclab.simulate.policies import Policy, check_k_within_traces, make_policy
+from speclab.policy import Policy, bind_methods, check_k_within_traces, make_policy
+from speclab.simulate import costs, fast
+from speclab.simulate.reference import reference_timing
 from speclab.simulate.study import STUDY_NUM_REQUESTS, match_p_for, miss_generator, study_sample_state
 from speclab.traces.model import RequestTrace
 
@@ -53,7 +54,7 @@ class SimResult:
         return d
 
 
-def _aggregate(tm: fast.Timing, aggregate: str) -> float:
+def _aggregate(tm: costs.Timing, aggregate: str) -> float:
     if aggregate == "total":
         # what a deployment sees: all output tokens over all the time it took
         return float(tm.tokens.sum() / tm.total_s) if tm.total_s > 0 else float("nan")
@@ -199,8 +200,6 @@ def simulate(
     cm = get_cost_model(cost_model)
     pols, rules, notes = check_args(policies, batching, batch_sizes, aggregate, opts)
     study = rules == "study"
-    from speclab.simulate.adaptive import bind_methods
-
     bind_methods(pols, traces, cm)  # bare adaptive policies: every method the traces hold
     for p in pols:
         p.cost_model = cm
@@ -236,7 +235,7 @@ def simulate(
     return out
 
 
-def _run_group(
+def _run_group(  # long: per batch size the step tables, miss draws and passes of one group share state
     ta: fast.TraceArrays,
     pols: list[Policy],
     cm: CostModel,
@@ -291,18 +290,17 @@ def _run_group(
             )
 
         if use_ref:
-            from speclab.simulate.reference import reference_timing
 
             def timing(
                 p: Policy, b: int = b, shared: np.ndarray | None = shared, passes: int = 1
-            ) -> fast.Timing:
+            ) -> costs.Timing:
                 gen = miss_generator(state or _fresh(seed)) if on and study else None
                 return reference_timing(
                     ta, p, cm, batching, b, shared, switch, on, dkv, study, gen, match_p, passes
                 )
         else:
 
-            def timing(p: Policy, b: int = b, passes: int = 1) -> fast.Timing:
+            def timing(p: Policy, b: int = b, passes: int = 1) -> costs.Timing:
                 if p.uses_occupancy and batching != "replicate" and (b > 1 or p.pools_requests):
                     # decisions read the live batch (or what earlier requests showed: served in order)
                     from speclab.simulate.coupled import run_steps_coupled
@@ -310,7 +308,7 @@ def _run_group(
                     tx, sx = run_steps_coupled(ta, p, batching, b, on, study, passes)
                     d = draws_for(p)
                     d = None if d is None else np.tile(d, passes)
-                    return fast.step_costs(sx, p, tx, cm, batching, b, d, switch, dkv, study)
+                    return costs.step_costs(sx, p, tx, cm, batching, b, d, switch, dkv, study)
                 if passes == 1 and (p.spec not in tables or p.uses_batch_size):
                     tables[p.spec] = (
                         fast.baseline_steps(ta)
@@ -320,7 +318,7 @@ def _run_group(
                 d = draws_for(p) if p.spec != "none" else None
                 tx, sx = fast.repeat_requests(ta, tables[p.spec], passes)
                 d = None if d is None else np.tile(d, passes)
-                return fast.step_costs(sx, p, tx, cm, batching, b, d, switch, dkv, study)
+                return costs.step_costs(sx, p, tx, cm, batching, b, d, switch, dkv, study)
 
         cont = batching == "continuous"
         passes, capped = fast.steady_passes(ta.out_len, b) if cont else (1, False)
@@ -370,7 +368,7 @@ def _run_group(
     return results
 
 
-def _steady(tm: fast.Timing) -> float:
+def _steady(tm: costs.Timing) -> float:
     return tm.full_tokens / tm.full_s if tm.full_s > 0 else float("nan")
 
 

@@ -4,8 +4,8 @@ fast.run_steps computes each request's steps on its own, which is exact only whi
 not depend on its batch mates. A policy that reads StepView.occupancy / batch_kv does depend on them in
 static and continuous batching (B > 1): who else is running, and how much KV they hold, changes with every
 admission and finish. Here the requests run together, one engine step at a time (vectorised across the
-running requests, never a loop over requests), admitted exactly as fast.schedule admits them, so that
-fast.step_costs can time the resulting table unchanged and the reference loop (which is coupled by
+running requests, never a loop over requests), admitted exactly as costs.schedule admits them, so that
+costs.step_costs can time the resulting table unchanged and the reference loop (which is coupled by
 construction) gives the same figures.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from speclab.policy.core import Policy, PolicyContext, StepOutcome
 from speclab.simulate.fast import (
     StepTable,
     TraceArrays,
@@ -23,7 +24,6 @@ from speclab.simulate.fast import (
     probed_flags,
     repeat_requests,
 )
-from speclab.simulate.policies import Policy, PolicyContext, StepOutcome
 
 
 def run_steps_coupled(

@@ -10,16 +10,9 @@ import numpy as np
 
 from speclab.costmodel.model import CostModel
 from speclab.errors import ConfigError
-from speclab.simulate.fast import (
-    Timing,
-    TraceArrays,
-    check_decision,
-    check_probed,
-    forwards_charge,
-    heuristic_flags,
-    probed_flags,
-)
-from speclab.simulate.policies import Policy, PolicyContext, StepOutcome, StepView
+from speclab.policy.core import Policy, PolicyContext, StepOutcome, StepView
+from speclab.simulate.costs import Timing, forwards_charge
+from speclab.simulate.fast import TraceArrays, check_decision, check_probed, heuristic_flags, probed_flags
 
 
 class _Req:
@@ -32,11 +25,11 @@ class _Req:
         self.steps = 0
         self.prev = -2
         self.start_time = 0.0
-        self.pre_cost = 0.0  # what its prefill added to its step (fast.prefill_charges)
+        self.pre_cost = 0.0  # what its prefill added to its step (costs.prefill_charges)
         self.in_win = 0  # its tokens produced in the steady window
 
 
-def reference_timing(
+def reference_timing(  # long: mirrors costs.step_costs line by line; split, the match is harder to check
     ta: TraceArrays,
     policy: Policy,
     cm: CostModel,
@@ -80,7 +73,9 @@ def reference_timing(
 
     admitted: list[_Req] = []  # every request prefilled (the steady state's prefill charges)
 
-    def run(order: list[int], slots: int) -> float:
+    def run(
+        order: list[int], slots: int
+    ) -> float:  # long: one engine step per iteration, as written in costs.py
         """Run requests through `slots` slots (admitting in order as slots free); returns the makespan."""
         waiting = deque(order)
         running: list[_Req] = []
@@ -163,7 +158,7 @@ def reference_timing(
             nreq = copies * (len(running) + len(new))
             verify = cm.target_time(kv, vtok, nreq + spec_tok)
             # the forward without this step's prefills: a lookup's charge and the steady state's prefill
-            # charges (fast.step_costs)
+            # charges (costs.step_costs)
             pre = copies * sum(prompt[r.i] for r in new)
             nrun = copies * len(running)
             verify_dec = float(cm.target_time(kv, vtok - pre, nrun + spec_tok)) if nrun else 0.0
@@ -221,7 +216,7 @@ def reference_timing(
             tot["propose"] += draft
             tot["overhead"] += overhead
             tot["steps"] += 1
-            # the steady state charges each prefill over its request's tokens (fast.prefill_charges)
+            # the steady state charges each prefill over its request's tokens (costs.prefill_charges)
             pcost = 0.0
             if new:
                 dec = verify_dec + (float(cm.overhead_time(nrun, spec_tok)) if nrun else 0.0)

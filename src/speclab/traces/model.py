@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from speclab.catalog import TRACE_METHODS
 from speclab.errors import TraceError
-from speclab.methods.catalog import TRACE_METHODS
 
 # Method names a trace may carry. Custom proposers use "custom:<name>".
 KNOWN_METHODS: tuple[str, ...] = TRACE_METHODS  # the method catalog is the one home of method facts

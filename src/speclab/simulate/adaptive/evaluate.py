@@ -1,13 +1,11 @@
-"""Evaluation of the adaptive policies on every trace set at hand (issue 12, item 2).
+"""Evaluation of the adaptive policies on every trace set at hand.
 
     python -m speclab.simulate.adaptive.evaluate --out DIR [--traces NAME=STORE ...] [--synthetic]
         [--cost-model llama3.1-8b-h100-chained] [--batch-sizes 1,2,4,8,16,32,64,128]
 
 Per set and batch size (continuous batching, steady state, speclab's rules): no SD, the best static
 (method, k) at that batch size, each single-method oracle, oracle combine, vLLM's batch-size schedule
-derived from the same set (schedule:..., the engine's own baseline), and the online policies. The learned
-predictor and adaptive-survival's prior are trained on every OTHER set (leave one set out), so their figures
-are held out. Writes
+derived from the same set (schedule:..., the engine's own baseline), and the online policies. Writes
 DIR/adaptive_eval.json (rows + per-set summary), DIR/adaptive_eval.csv, DIR/adaptive_eval.md (the
 tables) and DIR/adaptive_eval.png (speedup against batch size, one panel per set)."""
 
@@ -17,14 +15,11 @@ import argparse
 import csv
 import io
 import json
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from speclab.atomic import atomic_path, atomic_write_text
-from speclab.simulate.adaptive.learned import trained_on
-from speclab.simulate.adaptive.schedule import (
+from speclab.simulate.adaptive.recommend import (
     fixed_config,
     fixed_from_grid,
     schedule_from_grid,
@@ -33,17 +28,18 @@ from speclab.simulate.adaptive.schedule import (
     vllm_config,
     zero_k_policy,
 )
-from speclab.simulate.adaptive.survival import prior_trained_on
+from speclab.simulate.adaptive.synth import SHAPES, make_set
 from speclab.simulate.api import simulate
+from speclab.traces import read_store
 from speclab.traces.model import RequestTrace
 
-ONLINE = ["adaptive", "adaptive-gated", "adaptive-learned", "adaptive-survival", "adaptive-bandit"]
+ONLINE = ["adaptive", "adaptive-pooled", "adaptive-gated"]
 FIELDS = ["set", "batch_size", "policy", "role", "speedup", "throughput_tok_s"]
 KMAX_STATIC = 8
 
 
 def evaluate_set(
-    name: str, traces: list[RequestTrace], others: list[RequestTrace], cm: str, sizes: list[int]
+    name: str, traces: list[RequestTrace], cm: str, sizes: list[int]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """All rows for one set, and its summary (the best online policy's share of oracle combine at the
     smallest batch size, and its worst speedup over no SD)."""
@@ -52,13 +48,9 @@ def evaluate_set(
     oracles = [f"oracle:{m}" for m in methods] + (
         [f"oracle-combine:{','.join(methods)}"] if len(methods) > 1 else []
     )
-    extra = []
-    if len(methods) > 1:
-        extra = [f"select-ema:{','.join(methods)}:5"]
-    extra += [f"adaptive-k:{m}:8" for m in methods]
     # a schedule's k = 0 for a model-based drafter (it still runs one forward per step): priced, not 1.0x
     zero = {m: z for m in methods if (z := zero_k_policy(m, cm))}
-    res_all = simulate(traces, cm, ["none", *fixed, *oracles, *extra, *zero.values()], "continuous", sizes)
+    res_all = simulate(traces, cm, ["none", *fixed, *oracles, *zero.values()], "continuous", sizes)
     res = [r for r in res_all if r.policy not in zero.values()]
     rows: list[dict[str, Any]] = []
     best_static: dict[int, tuple[str, float]] = {}
@@ -86,14 +78,12 @@ def evaluate_set(
             sched[m] = schedule_spec(m, schedule_from_grid(grid)[0])
         else:
             sched[m] = f"fixed:{m}:{fixed_from_grid(grid)[0]}"
-    with held_out(others):
-        res2 = simulate(traces, cm, list(sched.values()) + ONLINE, "continuous", sizes)
+    res2 = simulate(traces, cm, list(sched.values()) + ONLINE, "continuous", sizes)
     for r in res2:
         rows.append(_row(name, r, "online" if r.policy.split(":")[0] in ONLINE else "vllm schedule"))
     b0 = min(sizes)
     comb = [x["speedup"] for x in rows if x["batch_size"] == b0 and x["policy"].startswith("oracle-combine")]
-    summary: dict[str, Any] = {"set": name, "requests": len(traces), "methods": methods,
-                               "learned_trained_on_other_sets": bool(others)}  # fmt: skip
+    summary: dict[str, Any] = {"set": name, "requests": len(traces), "methods": methods}
     for pol in ONLINE:
         sp = {x["batch_size"]: x["speedup"] for x in rows if x["policy"] == pol}
         summary[pol] = {
@@ -111,17 +101,6 @@ def evaluate_set(
         pts = [tuple(int(v) for v in e.split("=")) for e in rest.split(",")]
         summary["vllm_config"] = vllm_config(m, pts, max(sizes))  # type: ignore[arg-type]
     return rows, summary
-
-
-@contextmanager
-def held_out(others: list[RequestTrace]) -> Iterator[None]:
-    """The trained parts of the online policies (adaptive-learned's model, adaptive-survival's prior) fitted
-    on `others` (every set but the evaluated one) within the block; their defaults without others."""
-    with ExitStack() as st:
-        if others:
-            st.enter_context(trained_on(others))
-            st.enter_context(prior_trained_on(others))
-        yield
 
 
 def _row(name: str, r: Any, role: str) -> dict[str, Any]:
@@ -205,8 +184,7 @@ def run(sets: dict[str, list[RequestTrace]], cm: str, sizes: list[int], out: Pat
     rows: list[dict[str, Any]] = []
     summaries = []
     for name, traces in sets.items():
-        others = [t for n, ts in sets.items() if n != name for t in ts]
-        r, s = evaluate_set(name, traces, others, cm, sizes)
+        r, s = evaluate_set(name, traces, cm, sizes)
         rows += r
         summaries.append(s)
     out.mkdir(parents=True, exist_ok=True)
@@ -223,9 +201,6 @@ def run(sets: dict[str, list[RequestTrace]], cm: str, sizes: list[int], out: Pat
 
 
 def main(argv: list[str] | None = None) -> None:
-    from speclab.simulate.adaptive.synth import SHAPES, make_set
-    from speclab.traces import read_store
-
     ap = argparse.ArgumentParser(prog="python -m speclab.simulate.adaptive.evaluate")
     ap.add_argument("--out", required=True)
     ap.add_argument("--traces", action="append", default=[], help="NAME=STORE (repeatable)")
