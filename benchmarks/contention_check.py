@@ -1,8 +1,8 @@
 """Do the bench's verdicts survive a CPU-heavy neighbour? Run a reduced demo twice, once quiet and once beside
 busy-loop processes this script starts (and always stops), and compare the verdicts cell by cell.
 
-    python benchmarks/contention_check.py --out /tmp/contention          # both halves, ~20 min on 2 cores
-    python benchmarks/contention_check.py --out /tmp/contention --compare-only   # re-print the comparison
+    python benchmarks/contention_check.py --out runs/contention          # both halves, ~20 min on 2 cores
+    python benchmarks/contention_check.py --out runs/contention --compare-only   # re-print the comparison
 
 The reduced demo: the demo-cpu preset's n-gram (k=3) against no SD on offline-code-edit, continuous batching
 at B = 1 and 16, 8 prompts x 64 tokens, repeats = 3 (each cell measured 3 times, interleaved with its

@@ -45,7 +45,7 @@ echo "== 1. serial run -> $OUT/serial"
 timeout 3600 "${BENCH[@]}" --out "$OUT/serial"
 
 echo "== 2. local Ray cluster on $ADDR: 2 CPU workers, 1 speclab_engine"
-tmp=$(mktemp -d /tmp/rayXXXX)
+tmp=$(mktemp -d -t rayXXXX)
 setsid "$RAY" start --head --block --node-ip-address 127.0.0.1 --port "$PORT" --num-cpus 2 \
   --resources '{"speclab_engine": 1}' --include-dashboard false --disable-usage-stats --temp-dir "$tmp" \
   >"$OUT/ray-start.log" 2>&1 &
@@ -71,7 +71,7 @@ echo "== 2a. Ray run; kill the engine's Ray worker after $KILL_WORKER_AT cells, 
 "${BENCH[@]}" --out "$OUT/ray" --ray "$ADDR" &  # no `timeout` wrapper: $! must be the driver itself
 drv=$!
 wait_rows "$OUT/ray" "$KILL_WORKER_AT" 1800 "$drv"
-eng=$(pgrep -f "speclab.engine.worker --job /tmp/speclab-ray-" | head -1)
+eng=$(pgrep -f "speclab.engine.worker --job .*speclab-ray-" | head -1)
 victim=$(ps -o ppid= -p "$eng" | tr -d ' ')
 echo "check: killing Ray worker $victim (parent of engine worker $eng)"
 kill -KILL "$victim"

@@ -213,7 +213,7 @@ def test_evaluation_tables_plot_and_report_section(tmp_path):
     s = {x["set"]: x for x in res["summary"]}
     assert set(s["a"]) >= {"adaptive", "adaptive-pooled", "adaptive-gated", "vllm_schedule"}
     roles = {r["role"] for r in res["rows"]}
-    assert roles == {"baseline", "best static", "oracle", "other", "vllm schedule", "online"}
+    assert roles == {"baseline", "best static", "oracle", "vllm schedule", "online"}
     comb = next(r for r in res["rows"] if r["set"] == "a" and r["batch_size"] == 1
                 and r["policy"].startswith("oracle-combine"))  # fmt: skip
     ad = next(

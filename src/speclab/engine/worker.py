@@ -12,7 +12,7 @@ Exit status: 0 when every cell ran (individual cells may still have status "fail
 could not start (every cell is then written as failed with the reason), 2 for an invalid job file.
 
 It is one process's life (build the engine, warm up, drive cells step by step, the gate loop for repeats).
-The engine's settings (paths, vLLM arguments) are in engine/settings.py; measuring helpers in
+The engine's settings (paths, vLLM arguments) are in engine/settings.py; measuring functions in
 engine/measure.py and engine/instrument.py.
 """
 
