@@ -21,6 +21,7 @@ import click
 from speclab.bench.spec import SweepSpec
 from speclab.cli import batch_size_list
 from speclab.errors import ConfigError
+from speclab.outputs import check_no_loop, check_writable
 
 _SUBCOMMANDS = ("run", "show", "presets", "compare")
 
@@ -151,6 +152,8 @@ def run_cmd(
         return
     cells = expand_cells(spec)
     _check_run_dir(run_dir, text, [c.cell_id for c in cells], redo)
+    check_no_loop(run_dir, "--out ")
+    check_writable(Path(run_dir) / "x", f"--out {run_dir}")
     # the machine checks (workloads, models, drafter tokenizers, and the memory of the engines kept resident
     # on this machine; under Ray they run elsewhere): one line on failure, before any model loads
     say = (lambda s: click.echo(s, err=True)) if ray_address is None else None

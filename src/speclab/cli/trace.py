@@ -91,6 +91,7 @@ def _progress(desc: str):
 @click.option("--methods", default="ngram,suffix", show_default=True, help=_METHODS_HELP)
 @click.option("--k-max", default=20, show_default=True, help="Longest proposal replayed per position.")
 @click.option("--out", "out", type=click.Path(), help="Output store (.parquet file, directory, or .jsonl).")
+@click.option("--force", is_flag=True, help="Replace an existing --out.")
 @click.option("--ngram-min", default=NGRAM_MIN_N, show_default=True, help="n-gram prompt_lookup_min.")
 @click.option("--ngram-max", default=NGRAM_MAX_N, show_default=True, help="n-gram prompt_lookup_max.")
 @click.option(
@@ -121,6 +122,7 @@ def command(
     methods: str,
     k_max: int,
     out: str | None,
+    force: bool,
     ngram_min: int,
     ngram_max: int,
     suffix_max_tree_depth: int,
@@ -171,6 +173,7 @@ def command(
         raise click.UsageError("give exactly one of --from STORE_OR_RUN or --workload NAME (with --target)")
     if not out:
         raise click.UsageError("--out is required")
+    _check_out(out, source, force)
     from speclab.traces.model import K_MAX_LIMIT
 
     if not 1 <= k_max <= K_MAX_LIMIT:
@@ -202,7 +205,7 @@ def command(
     traced = replay_records(
         records, mlist, k_max, options, progress=_progress("replay"), skip_missing_ids=True, compare=compare
     )
-    _write(out, traced)
+    _write(out, traced, force)
     skipped = len(records) - len(with_ids)
     click.echo(
         f"replayed {len(with_ids)} requests x {', '.join(mlist)} (k_max {k_max}) -> {out}"
@@ -224,13 +227,25 @@ def command(
         )
 
 
-def _write(out: str, records: list) -> None:
+def _check_out(out: str, source: str | None, force: bool) -> None:
+    """Before the replay: the output is not the input and replaces an existing one only with --force."""
+    if out.endswith(".jsonl"):
+        from speclab.outputs import output_file
+
+        output_file(out, [source], force=force)
+    else:
+        from speclab.traces.store import check_store_output
+
+        check_store_output(out, [source], force)
+
+
+def _write(out: str, records: list, force: bool) -> None:
     from speclab.traces import export_jsonl, write_store
 
     if out.endswith(".jsonl"):
         export_jsonl(records, out)
     else:
-        write_store(out, records)
+        write_store(out, records, replace=force)
 
 
 @command.command(name="crosscheck")
@@ -239,11 +254,12 @@ def _write(out: str, records: list) -> None:
 @click.option(
     "--out", "out", type=click.Path(dir_okay=False), help="Write summary + mismatches as JSON here."
 )
+@click.option("--force", is_flag=True, help="Replace an existing output file.")
 @click.option("--show", default=5, show_default=True, help="Mismatches to print.")
 @click.option("--by-workload", is_flag=True, help="Break the agreement down per workload.")
 @click.pass_context
 def crosscheck(
-    ctx: click.Context, run: str, as_json: bool, out: str | None, show: int, by_workload: bool
+    ctx: click.Context, run: str, as_json: bool, out: str | None, force: bool, show: int, by_workload: bool
 ) -> None:
     """Replay vs engine: walk the replayed trace the way vLLM steps (skipping accepted positions) and
     compare with each request's observed per-step accepted/drafted counts; agreement per method."""
@@ -253,6 +269,10 @@ def crosscheck(
     from speclab.replay.runs import make_run_replay_fn
 
     opts = ctx.obj["opts"]
+    if out:
+        from speclab.outputs import output_file
+
+        output_file(out, [run], force=force)
     records = load_records(run)
     replay_fn, skipped = make_run_replay_fn(Path(run), opts)
     res = crosscheck_records(records, replay_fn, max_model_len=opts["max_model_len"])

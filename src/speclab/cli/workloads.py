@@ -105,6 +105,7 @@ def show_cmd(name: str, limit: int | None, seed: int, source: str | None, as_jso
     default=None,
     help="Truncate longer prompts' bodies to fit (needs --tokenizer); recorded per prompt.",
 )
+@click.option("--force", is_flag=True, help="Replace an existing output file.")
 def export_cmd(
     name: str,
     out: str,
@@ -113,13 +114,17 @@ def export_cmd(
     source: str | None,
     tokenizer: str | None,
     max_prompt_tokens: int | None,
+    force: bool,
 ) -> None:
     """Write the prompts of workload NAME as JSON lines (one Prompt per line)."""
     from speclab.atomic import atomic_path
     from speclab.errors import SpeclabError
+    from speclab.outputs import output_file
 
     if max_prompt_tokens is not None and tokenizer is None:
         raise SpeclabError("--max-prompt-tokens needs --tokenizer (truncation is counted in target tokens)")
+    file_input = name[len("file:") :].strip() if name.startswith("file:") else None
+    output_file(out, [file_input, source], force=force)
     prompts = _load(name, limit, seed, source)
     tok = None
     if tokenizer is not None:
