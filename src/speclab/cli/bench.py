@@ -47,8 +47,15 @@ def command() -> None:
     """
 
 
-def _str_list(value: str | None) -> list[str] | None:
-    return None if value is None else [x.strip() for x in value.split(",") if x.strip()]
+def _str_list(value: str | None, what: str = "") -> list[str] | None:
+    """A comma-separated option value (None stays None); an empty item (`,`, `a,,b`) is refused, never
+    read as "no restriction"."""
+    if value is None:
+        return None
+    items = [x.strip() for x in value.split(",")]
+    if not all(items):
+        raise ConfigError(f"{what}: empty item in {value!r} (expected comma-separated names)")
+    return items
 
 
 @command.command("run")
@@ -134,7 +141,7 @@ def run_cmd(
         "num_prompts": num_prompts,
         "max_tokens": max_tokens,
         "batch_sizes": batch_size_list(batch_sizes, "--batch-sizes"),
-        "workloads": _str_list(workloads),
+        "workloads": _str_list(workloads, "--workloads"),
         "batching": ["replicate", "continuous"] if batching == "both" else batching,
         "engine.enforce_eager": enforce_eager,
         "repeats": repeats,
@@ -145,7 +152,7 @@ def run_cmd(
         from speclab.raycluster import import_ray
 
         import_ray()  # one line now if the extra is missing, not after the checks
-    spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods))
+    spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods, "--methods"))
     run_dir = out or f"runs/{spec.name}"
     if server_mode:
         _run_server(spec, text, run_dir, redo, dry_run)

@@ -178,7 +178,9 @@ def command(
 
     if not 1 <= k_max <= K_MAX_LIMIT:
         raise ConfigError(f"--k-max must be in 1..{K_MAX_LIMIT}, got {k_max}")
-    mlist = [m.strip() for m in methods.split(",") if m.strip()]
+    mlist = [m.strip() for m in methods.split(",")]
+    if not all(mlist):
+        raise ConfigError(f"--methods: empty item in {methods!r} (expected comma-separated method names)")
     for m in mlist:
         check_method_name(m)
     options = _method_options(**ctx.obj["opts"])
