@@ -130,6 +130,39 @@ def loads_toml(text: str, where: str, error: type[SpeclabError] = ConfigError) -
     return check_depth(value, where, error)
 
 
+def is_finite_number(v: Any) -> bool:
+    """An int or float (not a bool) that is finite as a float (an int too large for a float is not)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def check_numbers(
+    value: Any, where: str, max_abs: float = float(1 << 53), error: type[SpeclabError] = ConfigError
+) -> Any:
+    """Refuse any NaN, infinity or number beyond +-max_abs anywhere in a parsed document, naming its field
+    (for documents whose every number is a size, a count or a time)."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), x) for k, x in v.items())
+        elif isinstance(v, list | tuple):
+            stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
+        elif (
+            isinstance(v, int | float)
+            and not isinstance(v, bool)
+            and not (is_finite_number(v) and abs(v) <= max_abs)
+        ):
+            if is_finite_number(v):
+                raise error(f"{where}: field {path}: {show(v)} out of range (at most {max_abs:g} in size)")
+            raise error(f"{where}: field {path}: expected a number, got {show(v)}")
+    return value
+
+
 def near_miss(name: str, known: Iterable[str]) -> str:
     """' (did you mean X?)' for the closest known name, else ''."""
     match = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.75)

@@ -169,6 +169,10 @@ def main(argv: list[str] | None = None) -> None:
         if _debug():
             traceback.print_exc()
         _fail(_os_error(exc), 2)
+    except RecursionError:  # an input nested deeper than a parser can follow, where no check caught it first
+        if _debug():
+            traceback.print_exc()
+        _fail("an input is nested too deeply to read (a JSON or TOML file nested thousands of levels?)", 2)
     except Exception as exc:  # a bug: one line, the traceback on request
         if _debug():
             traceback.print_exc()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import io
 import json
 import os
 import shutil
@@ -40,6 +41,7 @@ import pyarrow.parquet as pq
 
 from speclab.atomic import atomic_path, exclusive_lock
 from speclab.errors import TraceError
+from speclab.inputs import open_binary
 from speclab.outputs import check_no_loop, check_writable, conflicting_input, describe_entries
 from speclab.traces.model import MethodTrace, RequestTrace, dumps_jsonl_line, json_lines
 
@@ -424,8 +426,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[RequestTrace]:
     """Read speclab's own lossless JSONL export."""
     path = Path(path)
     out = []
-    try:
-        fh = open(path, encoding="utf-8")  # noqa: SIM115 (closed below; errors name the file)
+    try:  # opened once: a pipe or FIFO works, a FIFO without a writer times out
+        fh = io.TextIOWrapper(open_binary(path, TraceError), encoding="utf-8-sig")
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
     with fh:
