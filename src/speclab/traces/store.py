@@ -279,18 +279,17 @@ def write_store(
 ) -> Path:
     """Write records as a new store (replacing an existing one). `path` ending in .parquet = one file;
     otherwise a directory with a single part. Crash-safe: a kill leaves the old store or the new one.
-    replace=False: refuse (TraceError, nothing written) when a store is there once the lock is held, naming
-    a writer that created it while this one waited."""
+    replace=False (the caller found no store when it started, check_store_output): refuse (TraceError,
+    nothing written) when a store is there once the lock is held: another writer created it meanwhile."""
     shown = Path(path)
     path = _real(path)
     table = records_to_table(records)  # validates before anything on disk changes
-    existed = store_exists(path)
     with store_lock(path):
         _clean_stale(path)
         if not replace and store_exists(path):
-            why = "" if existed else " (another writer created it while this one waited for its lock)"
             raise TraceError(
-                f"{shown}: store exists{why}; nothing written (use --append to add a part, --force to replace)"
+                f"{shown}: store exists (another writer created it while this command ran); nothing written "
+                "(use --append to add a part, --force to replace)"
             )
         _check_replaceable(path)
         if path.suffix == ".parquet":
