@@ -1,4 +1,4 @@
-"""Helpers for the reliability tests (issue 9): run the CLI in-process and classify how it ended."""
+"""Helpers for the reliability tests: run the CLI in-process (or as its own process) and classify how it ended."""
 
 from __future__ import annotations
 

@@ -226,7 +226,7 @@ def _continuous_cols(r, measure: str) -> str:
     "speculative config (docs/adaptive.md).",
 )
 @click.option("--recommend-kmax", type=click.IntRange(min=1), default=8, show_default=True, hidden=True)
-def command(
+def command(  # over 100 lines: one parameter per option, then the checks and dispatch in order
     stores: tuple[str, ...],
     trace_set_args: tuple[str, ...],
     ray_address: str | None,

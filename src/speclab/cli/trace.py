@@ -112,7 +112,7 @@ def _progress(desc: str):
 @click.option("--max-model-len", default=None, type=int, help="Cap proposals like an engine with this limit.")
 @click.option("--threads", default=None, type=int, help="torch threads for draft_model (default: torch's).")
 @click.pass_context
-def command(
+def command(  # over 100 lines: one parameter per option, then the checks and dispatch in order
     ctx: click.Context,
     source: str | None,
     workload: str | None,
