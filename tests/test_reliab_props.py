@@ -32,8 +32,9 @@ _N = int(os.environ.get("SPECLAB_FUZZ_EXAMPLES", "15"))
 
 
 def fuzz(n: int = _N) -> settings:
+    """n examples in CI (fewer for the tests that start processes); SPECLAB_FUZZ_EXAMPLES for all of them."""
     return settings(
-        max_examples=n,
+        max_examples=_N if _LONG else n,
         deadline=None,
         database=None,
         derandomize=not _LONG,

@@ -24,6 +24,9 @@ from speclab.errors import ConfigError, SpeclabError
 
 # the largest batch size any command accepts: far beyond any engine, small enough for every array type
 MAX_BATCH_SIZE = 1 << 20
+# the most prompts a workload option or a sweep asks for, and the seeds every command accepts
+MAX_PROMPTS = 1 << 20
+MAX_SEED = (1 << 32) - 1
 # far deeper than any real sweep, cost model, prompt or trace record; far below what a parser can follow
 MAX_DEPTH = 64
 MAX_TEXT_BYTES = 1 << 30

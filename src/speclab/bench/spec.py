@@ -73,7 +73,7 @@ from speclab.bench.spec_methods import (
 from speclab.engine.protocol import BATCHING, DTYPES
 from speclab.errors import ConfigError
 from speclab.server.spec import ServerSpec, parse_server
-from speclab.validation import MAX_BATCH_SIZE, loads_toml, number
+from speclab.validation import MAX_BATCH_SIZE, MAX_PROMPTS, MAX_SEED, loads_toml, number
 
 __all__ = [
     "METHOD_KEYS",
@@ -189,9 +189,7 @@ _method = method_entry
 
 # bounds of the sweep's numbers: far beyond any real sweep, small enough that nothing overflows
 MAX_MODEL_LEN = 1 << 24
-MAX_PROMPTS = 1 << 24
 MAX_REPEATS = 1000
-MAX_SEED = (1 << 32) - 1
 MAX_KV_CACHE_GIB = 1 << 20
 
 

@@ -11,6 +11,10 @@ import click
 
 from speclab.errors import ConfigError
 from speclab.methods.catalog import NGRAM_MAX_N, NGRAM_MIN_N
+from speclab.validation import MAX_PROMPTS
+
+INT32_MAX = (1 << 31) - 1
+_COUNT = click.IntRange(1, 1 << 24)  # lengths, depths and n-gram sizes: bounded, so nothing overflows
 
 _METHODS_HELP = (
     "Comma list of methods to replay: ngram, suffix, draft_model, eagle3 (a trained EAGLE-3 head), "
@@ -84,33 +88,66 @@ def _progress(desc: str):
     help="Generate outputs on the spot for this workload (a name, or file:PATH; needs --target).",
 )
 @click.option("--target", default=None, help="Target model (preset name or checkpoint) for --workload.")
-@click.option("--limit", default=20, show_default=True, help="Prompts of --workload to generate.")
 @click.option(
-    "--max-tokens", default=256, show_default=True, help="Output tokens per request for --workload."
+    "--limit",
+    type=click.IntRange(1, MAX_PROMPTS),
+    default=20,
+    show_default=True,
+    help="Prompts of --workload to generate.",
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(1, INT32_MAX),
+    default=256,
+    show_default=True,
+    help="Output tokens per request for --workload.",
 )
 @click.option("--methods", default="ngram,suffix", show_default=True, help=_METHODS_HELP)
 @click.option("--k-max", default=20, show_default=True, help="Longest proposal replayed per position.")
 @click.option("--out", "out", type=click.Path(), help="Output store (.parquet file, directory, or .jsonl).")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
-@click.option("--ngram-min", default=NGRAM_MIN_N, show_default=True, help="n-gram prompt_lookup_min.")
-@click.option("--ngram-max", default=NGRAM_MAX_N, show_default=True, help="n-gram prompt_lookup_max.")
 @click.option(
-    "--suffix-max-tree-depth", default=24, show_default=True, help="vLLM suffix_decoding_max_tree_depth."
+    "--ngram-min", type=_COUNT, default=NGRAM_MIN_N, show_default=True, help="n-gram prompt_lookup_min."
 )
-@click.option("--suffix-max-cached-requests", default=10000, show_default=True,
+@click.option(
+    "--ngram-max", type=_COUNT, default=NGRAM_MAX_N, show_default=True, help="n-gram prompt_lookup_max."
+)
+@click.option(
+    "--suffix-max-tree-depth",
+    type=_COUNT,
+    default=24,
+    show_default=True,
+    help="vLLM suffix_decoding_max_tree_depth.",
+)
+@click.option("--suffix-max-cached-requests", type=click.IntRange(0, INT32_MAX), default=10000, show_default=True,
               help="vLLM suffix_decoding_max_cached_requests (responses kept in the global tree).")  # fmt: skip
 @click.option(
-    "--suffix-max-spec-factor", default=1.0, show_default=True, help="vLLM suffix_decoding_max_spec_factor."
+    "--suffix-max-spec-factor",
+    type=click.FloatRange(0.0, 1e6),
+    default=1.0,
+    show_default=True,
+    help="vLLM suffix_decoding_max_spec_factor.",
 )
 @click.option(
-    "--suffix-min-token-prob", default=0.1, show_default=True, help="vLLM suffix_decoding_min_token_prob."
+    "--suffix-min-token-prob",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.1,
+    show_default=True,
+    help="vLLM suffix_decoding_min_token_prob.",
 )
 @click.option("--suffix-no-global", is_flag=True, help="Suffix: no global tree (max_cached_requests 0).")
 @click.option("--draft-model", default=None, help="Draft checkpoint (preset name or path) for draft_model.")
 @click.option("--eagle3-head", default=None, help="EAGLE-3 head (dir or preset name) for eagle3.")
 @click.option("--eagle-head", default=None, help="EAGLE-1 head dir for eagle (experimental; needs --target).")
-@click.option("--max-model-len", default=None, type=int, help="Cap proposals like an engine with this limit.")
-@click.option("--threads", default=None, type=int, help="torch threads for draft_model (default: torch's).")
+@click.option(
+    "--max-model-len", default=None, type=_COUNT, help="Cap proposals like an engine with this limit."
+)
+@click.option(
+    "--threads",
+    default=None,
+    type=click.IntRange(1, 4096),
+    help="torch threads for draft_model (default: torch's).",
+)
 @click.pass_context
 def command(  # over 100 lines: one parameter per option, then the checks and dispatch in order
     ctx: click.Context,

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from speclab.validation import MAX_PROMPTS, MAX_SEED
+
 
 def _load(name: str, limit: int | None, seed: int, source: str | None) -> list:
     from speclab.workloads import get_workload, load_workload
@@ -27,8 +29,16 @@ def _load(name: str, limit: int | None, seed: int, source: str | None) -> list:
 
 
 _common = [
-    click.option("--limit", type=click.IntRange(min=0), default=None, help="At most this many prompts."),
-    click.option("--seed", type=int, default=0, show_default=True, help="Sampling / generation seed."),
+    click.option(
+        "--limit", type=click.IntRange(0, MAX_PROMPTS), default=None, help="At most this many prompts."
+    ),
+    click.option(
+        "--seed",
+        type=click.IntRange(0, MAX_SEED),
+        default=0,
+        show_default=True,
+        help="Sampling / generation seed.",
+    ),
     click.option(
         "--source",
         type=click.Path(exists=True),
@@ -174,10 +184,17 @@ def export_cmd(
     help="Also count the prompts longer than this (needs --tokenizer).",
 )
 @click.option(
-    "--limit", type=click.IntRange(min=1), default=None, help="Inspect the sample a sweep would draw."
+    "--limit",
+    type=click.IntRange(1, MAX_PROMPTS),
+    default=None,
+    help="Inspect the sample a sweep would draw.",
 )
 @click.option(
-    "--seed", type=int, default=42, show_default=True, help="Sampling seed for --limit (the sweeps' 42)."
+    "--seed",
+    type=click.IntRange(0, MAX_SEED),
+    default=42,
+    show_default=True,
+    help="Sampling seed for --limit (the sweeps' 42).",
 )
 @click.option("--skip-invalid", is_flag=True, help="Leave malformed lines out (counted) instead of refusing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
