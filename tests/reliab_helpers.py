@@ -1,4 +1,4 @@
-"""Utilities for the reliability tests: run the CLI in-process and classify how it ended."""
+"""Utilities for the reliability tests: run the CLI in-process (or as its own process) and classify how it ended."""
 
 from __future__ import annotations
 
@@ -52,14 +52,8 @@ def cli_subprocess(*argv: str | os.PathLike[str], **kw) -> subprocess.Popen:
     """`speclab ARGV` as its own process (for kill and concurrency tests)."""
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
     code = "import sys; from speclab.cli import main; sys.argv[0] = 'speclab'; main(sys.argv[1:])"
-    return subprocess.Popen(
-        [sys.executable, "-c", code, *map(str, argv)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kw,
-    )
+    opts = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **kw}  # kw may override
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, argv)], env=env, **opts)
 
 
 def study_line(rid: str, n: int, seed: int = 0, k_max: int = 20) -> str:

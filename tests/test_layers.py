@@ -117,10 +117,13 @@ def test_policy_sits_below_simulate_and_live() -> None:
     assert "simulate" not in g.get("live", {}), sorted(g["live"]["simulate"])
 
 
-@pytest.mark.parametrize("package", ["simulate", "policy", "live"])
+PACKAGES = sorted(p.name for p in SRC.iterdir() if (p / "__init__.py").is_file())
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_cycle_between_the_parts_of_a_package(package: str) -> None:
-    """Inside speclab.simulate (and policy, live): no cycle between its modules and subpackages (e.g. the
-    simulator's api and its adaptive evaluation)."""
+    """Inside every package: no cycle between its modules and subpackages (e.g. the simulator's api and its
+    adaptive evaluation, or the workload registry and the file workloads it registers)."""
     found = cycles(imports_between_packages(SRC / package, root=f"speclab.{package}"))
     assert not found, [sorted(c) for c in found]
 

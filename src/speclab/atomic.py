@@ -38,8 +38,11 @@ def replace_dir(built: Path, out: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside `target`; on success it is renamed onto `target`, else removed."""
+    """Yield a temporary path beside `target`; on success it is renamed onto `target`, else removed.
+    A symlinked `target` is written through to the file it points to (the link stays)."""
     target = Path(target)
+    if target.is_symlink():
+        target = Path(os.path.realpath(target))
     if target.exists() and not target.is_file() and not target.is_dir():
         # a device or pipe (--out /dev/null, /dev/stdout): write through; renaming a file onto it would
         # replace the device node itself (as root), and there is nothing to make atomic

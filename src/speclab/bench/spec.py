@@ -49,13 +49,12 @@ with `path` is the user's own prompts file or request log (docs/workloads.md):
     format = "auto"                  # or "prompts", "chat", "request-log"
     category = "chat"                # optional (default: the category every line gives, else "other")
 
-Size: about 470 lines; it is the sweep file's whole schema and its checks in one place, so that a bad sweep
-is refused in one pass before anything starts (file workloads' tables are parsed in workloads/file_workloads.py).
+A bad sweep is refused in one pass before anything starts. The [[methods]] entries are checked in
+bench/spec_methods.py, file workloads' tables in workloads/file_workloads.py, numbers by speclab.validation.
 """
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -63,9 +62,28 @@ from pathlib import Path
 from typing import Any
 
 from speclab.bench.server_spec import ServerSpec, parse_server
-from speclab.catalog import ENGINE_METHODS, METHODS_NEEDING_MODEL
+from speclab.bench.spec_methods import (
+    METHOD_KEYS,
+    MethodEntry,
+    batch_sizes,
+    bounded_int,
+    method_entry,
+    str_item,
+    str_list,
+)
 from speclab.engine.protocol import BATCHING, DTYPES
 from speclab.errors import ConfigError
+from speclab.validation import MAX_BATCH_SIZE, MAX_PROMPTS, MAX_SEED, loads_toml, number
+
+__all__ = [
+    "METHOD_KEYS",
+    "MethodEntry",
+    "SweepSpec",
+    "load_preset",
+    "load_sweep",
+    "parse_sweep",
+    "parse_sweep_text",
+]
 
 TOP_KEYS = {
     "name",
@@ -87,32 +105,6 @@ TOP_KEYS = {
     "server",
 }
 ENGINE_KEYS = {"max_model_len", "enforce_eager", "kv_cache_gib", "llm_kwargs", "max_num_seqs"}
-METHOD_KEYS = {"name", "method", "k", "label", "workloads", "batch_sizes", "options"}
-_LABEL_RE = re.compile(r"^[A-Za-z0-9_.+\-]+$")
-
-
-@dataclass
-class MethodEntry:
-    name: str  # an engine method (speclab.catalog.ENGINE_METHODS)
-    k: int | None
-    options: dict[str, Any] = field(default_factory=dict)
-    label: str = ""  # shown in tables and cell ids; default "none" / "<name>-k<k>"
-    workloads: list[str] | None = None  # restrict this entry to these workloads
-    batch_sizes: list[int] | None = None  # restrict this entry to these batch sizes
-
-    def __post_init__(self) -> None:
-        if not self.label:
-            self.label = "none" if self.name == "none" else f"{self.name}-k{self.k}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "k": self.k,
-            "options": self.options,
-            "label": self.label,
-            "workloads": self.workloads,
-            "batch_sizes": self.batch_sizes,
-        }
 
 
 @dataclass
@@ -187,113 +179,109 @@ class SweepSpec:
 # --- parsing ----------------------------------------------------------------------------------------------
 
 
-def _int(v: Any, where: str, minimum: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ConfigError(f"{where}: expected an integer, got {v!r}")
-    if minimum is not None and v < minimum:
-        raise ConfigError(f"{where}: must be >= {minimum}, got {v}")
-    return v
+# (kept as names: callers and tests use them)
+_int = bounded_int
+_str = str_item
+_str_list = str_list
+_batch_sizes = batch_sizes
+_method = method_entry
 
 
-def _str(v: Any, where: str) -> str:
-    if not isinstance(v, str) or not v.strip():
-        raise ConfigError(f"{where}: expected a non-empty string, got {v!r}")
-    return v.strip()
+# bounds of the sweep's numbers: far beyond any real sweep, small enough that nothing overflows
+MAX_MODEL_LEN = 1 << 24
+MAX_REPEATS = 1000
+MAX_KV_CACHE_GIB = 1 << 20
 
 
-def _str_list(v: Any, where: str) -> list[str]:
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not v:
-        raise ConfigError(f"{where}: expected a non-empty list of strings, got {v!r}")
-    out = [_str(x, where) for x in v]
-    if len(set(out)) != len(out):
-        raise ConfigError(f"{where}: duplicate entries in {out}")
-    return out
-
-
-def _batch_sizes(v: Any, where: str) -> list[int]:
-    if isinstance(v, int) and not isinstance(v, bool):
-        v = [v]
-    if not isinstance(v, list) or not v:
-        raise ConfigError(f"{where}: expected a non-empty list of batch sizes, got {v!r}")
-    out = []
-    for b in v:
-        if isinstance(b, bool) or not isinstance(b, int):
-            raise ConfigError(f"{where}: batch size {b!r} is not an integer")
-        if b < 1:
-            raise ConfigError(f"{where}: batch size {b} is invalid (must be >= 1)")
-        out.append(b)
-    if len(set(out)) != len(out):
-        raise ConfigError(f"{where}: duplicate batch sizes in {out}")
-    return sorted(out)
-
-
-def _method(d: Any, i: int, src: str) -> MethodEntry:
-    where = f"{src}: methods[{i}]"
-    if not isinstance(d, dict):
-        raise ConfigError(f"{where}: expected a table ([[methods]])")
-    if "name" in d and "method" in d:
-        raise ConfigError(f"{where}: give either name or method, not both")
-    name = d.get("name", d.get("method"))
-    if name is None:
-        raise ConfigError(f"{where}: field name: missing (one of {', '.join(ENGINE_METHODS)})")
-    name = _str(name, f"{where}: field name")
-    if name not in ENGINE_METHODS:
-        raise ConfigError(f"{where}: unknown method {name!r} (known: {', '.join(ENGINE_METHODS)})")
-    where = f"{where} ({name})"
-    k = d.get("k")
-    if name == "none":
-        if k not in (None, 0):
-            raise ConfigError(f"{where}: field k: method none takes no k")
-        k = None
-    else:
-        if k is None:
-            raise ConfigError(f"{where}: field k: missing (number of speculative tokens, >= 1)")
-        if isinstance(k, bool) or not isinstance(k, int):
-            raise ConfigError(f"{where}: field k: expected an integer, got {k!r}")
-        if k < 1:
-            raise ConfigError(f"{where}: field k: must be >= 1, got {k}")
-    options: dict[str, Any] = {}
-    if "options" in d:
-        if not isinstance(d["options"], dict):
-            raise ConfigError(f"{where}: field options: expected a table")
-        options.update(d["options"])
-    for key, value in d.items():
-        if key not in METHOD_KEYS:
-            options[key] = value  # method option, passed on to vLLM's speculative_config
-    if name == "none" and options:
-        raise ConfigError(f"{where}: method none takes no options (got {', '.join(sorted(options))})")
-    if name in METHODS_NEEDING_MODEL:
-        what = (
-            "a dotted class path"
-            if name == "custom_class"
-            else "a drafter (preset name, checkpoint or hub id)"
+def _engine(data: dict[str, Any], src: str, sizes: list[int], max_tokens: int) -> dict[str, Any]:
+    """The [engine] table (and max_prompt_tokens, bounded by its max_model_len), checked."""
+    engine = data.get("engine", {})
+    if not isinstance(engine, dict):
+        raise ConfigError(f"{src}: field engine: expected a table ([engine])")
+    bad = sorted(set(engine) - ENGINE_KEYS)
+    if bad:
+        raise ConfigError(
+            f"{src}: engine: unknown field(s): {', '.join(bad)} (known: {', '.join(sorted(ENGINE_KEYS))})"
         )
-        if not isinstance(options.get("model"), str) or not options["model"].strip():
-            raise ConfigError(f"{where}: field model: method {name} needs {what}")
-    if "proposer_options" in options:
-        if name != "custom_class":
+    max_model_len = _int(engine.get("max_model_len", 2048), f"{src}: engine.max_model_len", 16, MAX_MODEL_LEN)
+    enforce_eager = engine.get("enforce_eager", False)
+    if not isinstance(enforce_eager, bool):
+        raise ConfigError(f"{src}: engine.enforce_eager: expected true or false, got {enforce_eager!r}")
+    kv = engine.get("kv_cache_gib", 2.0)
+    kv = number(kv, f"{src}: engine.kv_cache_gib", 0.0, MAX_KV_CACHE_GIB)
+    if kv <= 0:
+        raise ConfigError(f"{src}: engine.kv_cache_gib: must be a number > 0, got {kv!r}")
+    llm_kwargs = engine.get("llm_kwargs", {})
+    if not isinstance(llm_kwargs, dict):
+        raise ConfigError(f"{src}: engine.llm_kwargs: expected a table")
+    max_num_seqs = engine.get("max_num_seqs")
+    if max_num_seqs is not None:
+        max_num_seqs = _int(max_num_seqs, f"{src}: engine.max_num_seqs", 1, MAX_BATCH_SIZE)
+        if max_num_seqs < max(sizes):
             raise ConfigError(
-                f"{where}: field proposer_options: only custom_class (speclab's adapters) takes it"
+                f"{src}: engine.max_num_seqs ({max_num_seqs}) is below the largest batch size ({max(sizes)})"
             )
-        if not isinstance(options["proposer_options"], dict):
-            raise ConfigError(f"{where}: field proposer_options: expected a table")
-    if name == "ngram":
-        lo = options.get("prompt_lookup_min", 1)
-        hi = options.get("prompt_lookup_max", lo)
-        for key, val in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
-            _int(val, f"{where}: field {key}", 1)
-        if lo > hi:
-            raise ConfigError(f"{where}: prompt_lookup_min ({lo}) > prompt_lookup_max ({hi})")
-    label = d.get("label", "")
-    if label:
-        label = _str(label, f"{where}: field label")
-        if not _LABEL_RE.match(label):
-            raise ConfigError(f"{where}: field label: {label!r} may use only letters, digits and . _ + -")
-    workloads = _str_list(d["workloads"], f"{where}: field workloads") if "workloads" in d else None
-    bs = _batch_sizes(d["batch_sizes"], f"{where}: field batch_sizes") if "batch_sizes" in d else None
-    return MethodEntry(name=name, k=k, options=options, label=label, workloads=workloads, batch_sizes=bs)
+    if max_tokens >= max_model_len:
+        raise ConfigError(
+            f"{src}: max_tokens ({max_tokens}) must be below engine.max_model_len ({max_model_len})"
+        )
+    max_prompt_tokens = data.get("max_prompt_tokens")
+    if max_prompt_tokens is not None:
+        max_prompt_tokens = _int(max_prompt_tokens, f"{src}: field max_prompt_tokens", 1, MAX_MODEL_LEN)
+        if max_prompt_tokens + max_tokens > max_model_len:
+            raise ConfigError(
+                f"{src}: max_prompt_tokens ({max_prompt_tokens}) + max_tokens ({max_tokens}) exceeds "
+                f"engine.max_model_len ({max_model_len})"
+            )
+    return {
+        "max_model_len": max_model_len,
+        "max_prompt_tokens": max_prompt_tokens,
+        "enforce_eager": enforce_eager,
+        "kv_cache_gib": kv,
+        "llm_kwargs": dict(llm_kwargs),
+        "max_num_seqs": max_num_seqs,
+    }
+
+
+def _methods(data: dict[str, Any], src: str, workloads: list[str], sizes: list[int], max_len: int) -> list:
+    """The [[methods]] entries, checked against the sweep's workloads and batch sizes; the baseline added."""
+    raw_methods = data.get("methods")
+    if raw_methods is None:
+        raise ConfigError(f"{src}: no [[methods]] given")
+    if not isinstance(raw_methods, list) or not raw_methods:
+        raise ConfigError(f"{src}: field methods: expected one or more [[methods]] tables")
+    methods = [_method(m, i, src) for i, m in enumerate(raw_methods)]
+    labels = [m.label for m in methods]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ConfigError(
+            f"{src}: methods: duplicate label(s) {', '.join(dup)}; give each entry a distinct label"
+        )
+    for m in methods:
+        if m.k is not None and m.k >= max_len:
+            raise ConfigError(
+                f"{src}: methods ({m.label}): k ({m.k}) must be below engine.max_model_len ({max_len})"
+            )
+        for w in m.workloads or []:
+            if w not in workloads:
+                raise ConfigError(
+                    f"{src}: methods ({m.label}): workload {w!r} is not in the sweep's workloads"
+                )
+        for b in m.batch_sizes or []:
+            if b not in sizes:
+                raise ConfigError(
+                    f"{src}: methods ({m.label}): batch size {b} is not in the sweep's batch_sizes"
+                )
+    if not any(m.name == "none" for m in methods):
+        # speedups need the no-SD baseline at every (workload, batch size)
+        methods.insert(0, MethodEntry(name="none", k=None))
+    else:
+        nones = [m for m in methods if m.name == "none"]
+        if len(nones) > 1:
+            raise ConfigError(f"{src}: methods: give method none once")
+        if nones[0].workloads or nones[0].batch_sizes:
+            raise ConfigError(f"{src}: methods (none): the baseline cannot be restricted (speedups need it)")
+    return methods
 
 
 def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
@@ -321,114 +309,38 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
         workloads = _str_list(data["workloads"], f"{src}: field workloads")
     if "batch_sizes" not in data:
         raise ConfigError(f"{src}: field batch_sizes: missing")
-    batch_sizes = _batch_sizes(data["batch_sizes"], f"{src}: field batch_sizes")
+    sizes = _batch_sizes(data["batch_sizes"], f"{src}: field batch_sizes")
     batching = _str_list(data.get("batching", "continuous"), f"{src}: field batching")
     for b in batching:
         if b not in BATCHING:
             raise ConfigError(f"{src}: field batching: {b!r} not one of {', '.join(BATCHING)}")
-    num_prompts = _int(data.get("num_prompts", 16), f"{src}: field num_prompts", 1)
-    max_tokens = _int(data.get("max_tokens", 128), f"{src}: field max_tokens", 1)
-    seed = _int(data.get("seed", 42), f"{src}: field seed", 0)
-    repeats = _int(data.get("repeats", 1), f"{src}: field repeats", 1)
+    num_prompts = _int(data.get("num_prompts", 16), f"{src}: field num_prompts", 1, MAX_PROMPTS)
+    max_tokens = _int(data.get("max_tokens", 128), f"{src}: field max_tokens", 1, MAX_MODEL_LEN)
+    seed = _int(data.get("seed", 42), f"{src}: field seed", 0, MAX_SEED)
+    repeats = _int(data.get("repeats", 1), f"{src}: field repeats", 1, MAX_REPEATS)
     restart_each_repeat = data.get("restart_each_repeat", False)
     if not isinstance(restart_each_repeat, bool):
         raise ConfigError(f"{src}: field restart_each_repeat: expected true or false")
-
-    engine = data.get("engine", {})
-    if not isinstance(engine, dict):
-        raise ConfigError(f"{src}: field engine: expected a table ([engine])")
-    bad = sorted(set(engine) - ENGINE_KEYS)
-    if bad:
-        raise ConfigError(
-            f"{src}: engine: unknown field(s): {', '.join(bad)} (known: {', '.join(sorted(ENGINE_KEYS))})"
-        )
-    max_model_len = _int(engine.get("max_model_len", 2048), f"{src}: engine.max_model_len", 16)
-    enforce_eager = engine.get("enforce_eager", False)
-    if not isinstance(enforce_eager, bool):
-        raise ConfigError(f"{src}: engine.enforce_eager: expected true or false, got {enforce_eager!r}")
-    kv = engine.get("kv_cache_gib", 2.0)
-    if isinstance(kv, bool) or not isinstance(kv, int | float) or kv <= 0:
-        raise ConfigError(f"{src}: engine.kv_cache_gib: must be a number > 0, got {kv!r}")
-    llm_kwargs = engine.get("llm_kwargs", {})
-    if not isinstance(llm_kwargs, dict):
-        raise ConfigError(f"{src}: engine.llm_kwargs: expected a table")
-    max_num_seqs = engine.get("max_num_seqs")
-    if max_num_seqs is not None:
-        max_num_seqs = _int(max_num_seqs, f"{src}: engine.max_num_seqs", 1)
-        if max_num_seqs < max(batch_sizes):
-            raise ConfigError(
-                f"{src}: engine.max_num_seqs ({max_num_seqs}) is below the largest batch size ({max(batch_sizes)})"
-            )
-    if max_tokens >= max_model_len:
-        raise ConfigError(
-            f"{src}: max_tokens ({max_tokens}) must be below engine.max_model_len ({max_model_len})"
-        )
-    max_prompt_tokens = data.get("max_prompt_tokens")
-    if max_prompt_tokens is not None:
-        max_prompt_tokens = _int(max_prompt_tokens, f"{src}: field max_prompt_tokens", 1)
-        if max_prompt_tokens + max_tokens > max_model_len:
-            raise ConfigError(
-                f"{src}: max_prompt_tokens ({max_prompt_tokens}) + max_tokens ({max_tokens}) exceeds "
-                f"engine.max_model_len ({max_model_len})"
-            )
+    engine = _engine(data, src, sizes, max_tokens)
     server = parse_server(data["server"], src) if "server" in data else None
     sources = data.get("workload_sources", {})
     if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
         raise ConfigError(f'{src}: field workload_sources: expected a table of workload = "path"')
-
-    raw_methods = data.get("methods")
-    if raw_methods is None:
-        raise ConfigError(f"{src}: no [[methods]] given")
-    if not isinstance(raw_methods, list) or not raw_methods:
-        raise ConfigError(f"{src}: field methods: expected one or more [[methods]] tables")
-    methods = [_method(m, i, src) for i, m in enumerate(raw_methods)]
-    labels = [m.label for m in methods]
-    dup = sorted({x for x in labels if labels.count(x) > 1})
-    if dup:
-        raise ConfigError(
-            f"{src}: methods: duplicate label(s) {', '.join(dup)}; give each entry a distinct label"
-        )
-    for m in methods:
-        for w in m.workloads or []:
-            if w not in workloads:
-                raise ConfigError(
-                    f"{src}: methods ({m.label}): workload {w!r} is not in the sweep's workloads"
-                )
-        for b in m.batch_sizes or []:
-            if b not in batch_sizes:
-                raise ConfigError(
-                    f"{src}: methods ({m.label}): batch size {b} is not in the sweep's batch_sizes"
-                )
-    if not any(m.name == "none" for m in methods):
-        # speedups need the no-SD baseline at every (workload, batch size)
-        methods.insert(0, MethodEntry(name="none", k=None))
-    else:
-        nones = [m for m in methods if m.name == "none"]
-        if len(nones) > 1:
-            raise ConfigError(f"{src}: methods: give method none once")
-        if nones[0].workloads or nones[0].batch_sizes:
-            raise ConfigError(f"{src}: methods (none): the baseline cannot be restricted (speedups need it)")
-
     return SweepSpec(
         name=str(data.get("name") or Path(source).stem),
         description=str(data.get("description", "")),
         target=target,
         dtype=dtype,
         workloads=workloads,
-        batch_sizes=batch_sizes,
+        batch_sizes=sizes,
         batching=batching,
         num_prompts=num_prompts,
         max_tokens=max_tokens,
         seed=seed,
         repeats=repeats,
         restart_each_repeat=restart_each_repeat,
-        methods=methods,
-        max_model_len=max_model_len,
-        max_prompt_tokens=max_prompt_tokens,
-        enforce_eager=enforce_eager,
-        kv_cache_gib=float(kv),
-        llm_kwargs=dict(llm_kwargs),
-        max_num_seqs=max_num_seqs,
+        methods=_methods(data, src, workloads, sizes, engine["max_model_len"]),
+        **engine,
         workload_sources=dict(sources),
         workload_files=files,
         source=source,
@@ -437,11 +349,7 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
 
 
 def sweep_toml(text: str, source: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        # the message already ends with "(at line L, column C)"
-        raise ConfigError(f"{source}: malformed TOML: {exc}") from None
+    return loads_toml(text, source)
 
 
 def parse_sweep_text(text: str, source: str = "sweep") -> SweepSpec:

@@ -19,6 +19,7 @@ import traceback
 import click
 
 from speclab.errors import ConfigError, SpeclabError
+from speclab.validation import MAX_BATCH_SIZE as VALIDATION_MAX_BATCH_SIZE
 
 # subcommand name -> (module under speclab.cli, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -38,8 +39,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-# The largest batch size any command accepts: far beyond any engine, small enough for every array type.
-MAX_BATCH_SIZE = 1 << 20
+# The largest batch size any command accepts (speclab.validation): the same bound for options and sweeps.
+MAX_BATCH_SIZE = VALIDATION_MAX_BATCH_SIZE
 DEBUG_ENV = "SPECLAB_DEBUG"
 
 
@@ -168,6 +169,10 @@ def main(argv: list[str] | None = None) -> None:
         if _debug():
             traceback.print_exc()
         _fail(_os_error(exc), 2)
+    except RecursionError:  # an input nested deeper than a parser can follow, where no check caught it first
+        if _debug():
+            traceback.print_exc()
+        _fail("an input is nested too deeply to read (a JSON or TOML file nested thousands of levels?)", 2)
     except Exception as exc:  # a bug: one line, the traceback on request
         if _debug():
             traceback.print_exc()

@@ -36,6 +36,7 @@ from speclab.cli import batch_size_list
 @click.option(
     "--out", "out", type=click.Path(dir_okay=False), help="Write the JSON here (e.g. analysis.json)."
 )
+@click.option("--force", is_flag=True, help="Replace an existing output file.")
 def command(
     traces: str | None,
     run: str | None,
@@ -46,6 +47,7 @@ def command(
     no_oracle: bool,
     as_json: bool,
     out: str | None,
+    force: bool,
 ) -> None:
     """Acceptance analysis from a trace store, with oracle gaps against a bench run.
 
@@ -54,8 +56,14 @@ def command(
     n-gram advantage over model drafters, and measured vs simulated oracle speedup per batch size.
     """
     from speclab.analyze import analyze, format_tables
+    from speclab.costmodel.registry import resolve_cost_model
+    from speclab.outputs import output_file
 
     sizes = batch_size_list(batch_sizes) if batch_sizes else None
+    if cost_model is not None:
+        resolve_cost_model(cost_model)  # the one resolver: an unknown name fails as in `simulate`
+    if out:
+        output_file(out, [traces, run, cost_model], force=force)
     result = analyze(
         traces,
         run=run,

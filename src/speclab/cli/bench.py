@@ -21,6 +21,7 @@ import click
 from speclab.bench.spec import SweepSpec
 from speclab.cli import batch_size_list
 from speclab.errors import ConfigError
+from speclab.outputs import check_no_loop, check_writable
 
 _SUBCOMMANDS = ("run", "show", "presets", "compare")
 
@@ -46,8 +47,15 @@ def command() -> None:
     """
 
 
-def _str_list(value: str | None) -> list[str] | None:
-    return None if value is None else [x.strip() for x in value.split(",") if x.strip()]
+def _str_list(value: str | None, what: str = "") -> list[str] | None:
+    """A comma-separated option value (None stays None); an empty item (`,`, `a,,b`) is refused, never
+    read as "no restriction"."""
+    if value is None:
+        return None
+    items = [x.strip() for x in value.split(",")]
+    if not all(items):
+        raise ConfigError(f"{what}: empty item in {value!r} (expected comma-separated names)")
+    return items
 
 
 @command.command("run")
@@ -133,7 +141,7 @@ def run_cmd(
         "num_prompts": num_prompts,
         "max_tokens": max_tokens,
         "batch_sizes": batch_size_list(batch_sizes, "--batch-sizes"),
-        "workloads": _str_list(workloads),
+        "workloads": _str_list(workloads, "--workloads"),
         "batching": ["replicate", "continuous"] if batching == "both" else batching,
         "engine.enforce_eager": enforce_eager,
         "repeats": repeats,
@@ -144,13 +152,15 @@ def run_cmd(
         from speclab.raycluster import import_ray
 
         import_ray()  # one line now if the extra is missing, not after the checks
-    spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods))
+    spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods, "--methods"))
     run_dir = out or f"runs/{spec.name}"
     if server_mode:
         _run_server(spec, text, run_dir, redo, dry_run)
         return
     cells = expand_cells(spec)
     _check_run_dir(run_dir, text, [c.cell_id for c in cells], redo)
+    check_no_loop(run_dir, "--out ")
+    check_writable(Path(run_dir) / "x", f"--out {run_dir}")
     # the machine checks (workloads, models, drafter tokenizers, and the memory of the engines kept resident
     # on this machine; under Ray they run elsewhere): one line on failure, before any model loads
     say = (lambda s: click.echo(s, err=True)) if ray_address is None else None

@@ -73,6 +73,7 @@ def show_cmd(name: str) -> None:
     help="With rows from several engine processes (a run directory, or several files): estimate each "
     "engine's persistent speed offset on the forwards they share and divide it out before fitting.",
 )
+@click.option("--force", is_flag=True, help="Replace an existing output file.")
 def fit_cmd(
     timings: tuple[str, ...],
     out: str,
@@ -82,14 +83,17 @@ def fit_cmd(
     target_form: str,
     table_bins: bool,
     engine_offsets: bool,
+    force: bool,
 ) -> None:
     """Fit the study's cost-model form by least squares to TIMINGS: timings CSVs or bench run directories
     (a run directory gives each engine's own timings, so per-engine offsets can be divided out)."""
     from speclab.atomic import atomic_write_text
     from speclab.costmodel.fit import fit_cost_model_report
+    from speclab.outputs import output_file
 
     if table_bins and target_form != "table":
         raise click.UsageError("--table-bins needs --target-form table")
+    output_file(out, timings, force=force)
 
     model, rep = fit_cost_model_report(
         list(timings),

@@ -4,6 +4,7 @@ analyze and write the report; prints where everything is."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -68,6 +69,9 @@ def command(
        the measured noise, else "cannot tell" with the repeats that would decide (--repeats N, same --out)
     """
     from speclab.demo import run_demo
+    from speclab.outputs import check_writable
+
+    check_writable(Path(out) / "x", f"--out {out}")
 
     overrides = {
         "num_prompts": num_prompts,

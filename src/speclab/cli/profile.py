@@ -35,9 +35,10 @@ import click
 )
 @click.option("--eager", is_flag=True, help="enforce_eager (only if your bench runs use it too).")
 @click.option("--dry-run", is_flag=True, help="Print the engines and cells, run nothing.")
+@click.option("--force", is_flag=True, help="Replace an existing --out cost model.")
 def command(
     target: str, dtype: str, methods: str, ks: str, out: str, work: str | None, max_batched: int, eager: bool,
-    dry_run: bool,
+    dry_run: bool, force: bool,
 ) -> None:  # fmt: skip
     """Measure target forwards (batched tokens 1..MAX_BATCHED, KV tokens, batch size) and each method's
     drafting at each k on the real engine, fit the cost-model forms on most cells, report their error on
@@ -46,6 +47,10 @@ def command(
     from speclab.profile.plan import parse_methods
 
     name, path = resolve_out(out)
+    if not dry_run:
+        from speclab.outputs import output_file
+
+        output_file(path, [work], force=force)  # before the hour of measuring, not after
     engines = plan_profile(
         target, parse_methods(methods, ks), dtype=dtype, enforce_eager=eager, max_batched=max_batched
     )

@@ -19,6 +19,7 @@ import click
 )
 @click.option("--title", default=None, help="Report title.")
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--force", is_flag=True, help="Replace an earlier report in --out.")
 def command(
     run: str | None,
     traces: str | None,
@@ -26,6 +27,7 @@ def command(
     cost_model: str | None,
     title: str | None,
     out: str,
+    force: bool,
 ) -> None:
     """Write OUT/report.html (one self-contained file, figures embedded) and OUT/*.png.
 
@@ -34,8 +36,17 @@ def command(
     memory, acceptance histograms and position curves, overlap vs n-gram advantage, oracle gap, and the
     commands and configuration behind the data. Missing inputs get a labelled section.
     """
+    from speclab.costmodel.registry import resolve_cost_model
     from speclab.errors import ConfigError
+    from speclab.outputs import output_dir
     from speclab.report import build_report
+
+    if cost_model is not None:
+        resolve_cost_model(cost_model)  # the one resolver: an unknown name fails as in `simulate`
+    # what the report writes: report.html, its figures and atomic writes' temporaries
+    output_dir(
+        out, [run, traces, analysis, cost_model], force=force, owned=["report.html", "*.png", ".*.tmp"]
+    )
 
     if analysis:
         try:  # a binary or non-UTF-8 file: one line naming it, not a decode error deep in the report

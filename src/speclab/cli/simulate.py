@@ -16,6 +16,7 @@ import click
 from speclab.cli import batch_size_list
 from speclab.cli.simulate_output import PLOT_FORMATS, emit, recommend_and_print
 from speclab.errors import ConfigError
+from speclab.outputs import output_files
 
 
 def _parse_sizes(s: str) -> list[int]:
@@ -144,6 +145,7 @@ def _unique_stores(stores: tuple[str, ...]) -> list[str]:
     default=None,
     help="Speedup plot; the format from the suffix: .png, .svg or .pdf.",
 )
+@click.option("--force", is_flag=True, help="Replace existing --csv/--plot files.")
 @click.option("--list-policies", is_flag=True, help="Print the registered policy names, one per line.")
 @click.option(
     "--recommend",
@@ -153,7 +155,7 @@ def _unique_stores(stores: tuple[str, ...]) -> list[str]:
     "speculative config (docs/adaptive.md).",
 )
 @click.option("--recommend-kmax", type=click.IntRange(min=1), default=8, show_default=True, hidden=True)
-def command(
+def command(  # over 100 lines: one parameter per option, then the checks and dispatch in order
     stores: tuple[str, ...],
     trace_set_args: tuple[str, ...],
     ray_address: str | None,
@@ -176,6 +178,7 @@ def command(
     as_json: bool,
     csv_path: str | None,
     plot_path: str | None,
+    force: bool,
     list_policies: bool,
     recommend: bool,
     recommend_kmax: int,
@@ -207,6 +210,8 @@ def command(
         raise ConfigError(f"--switch-overhead {switch_overhead}: need a finite number of seconds in 0..1000")
     if plot_path and Path(plot_path).suffix.lower() not in PLOT_FORMATS:
         raise ConfigError(f"--plot {plot_path}: the name must end in {', '.join(PLOT_FORMATS)} (the format)")
+    inputs = [*stores, *(a.partition("=")[2] for a in trace_set_args), cost_model]
+    output_files({"--csv": csv_path, "--plot": plot_path}, inputs, force=force)
     if trace_set_args:
         sets = _trace_sets(trace_set_args, workloads)
         if len(sets) > 1 and (recommend or plot_path):

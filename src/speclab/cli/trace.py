@@ -11,6 +11,10 @@ import click
 
 from speclab.catalog import NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.errors import ConfigError
+from speclab.validation import MAX_PROMPTS
+
+INT32_MAX = (1 << 31) - 1
+_COUNT = click.IntRange(1, 1 << 24)  # lengths, depths and n-gram sizes: bounded, so nothing overflows
 
 _METHODS_HELP = (
     "Comma list of methods to replay: ngram, suffix, draft_model, eagle3 (a trained EAGLE-3 head), "
@@ -84,9 +88,19 @@ def _progress(desc: str):
     help="Generate outputs on the spot for this workload (a name, or file:PATH; needs --target).",
 )
 @click.option("--target", default=None, help="Target model (preset name or checkpoint) for --workload.")
-@click.option("--limit", default=20, show_default=True, help="Prompts of --workload to generate.")
 @click.option(
-    "--max-tokens", default=256, show_default=True, help="Output tokens per request for --workload."
+    "--limit",
+    type=click.IntRange(1, MAX_PROMPTS),
+    default=20,
+    show_default=True,
+    help="Prompts of --workload to generate.",
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(1, INT32_MAX),
+    default=256,
+    show_default=True,
+    help="Output tokens per request for --workload.",
 )
 @click.option(
     "--generator",
@@ -99,28 +113,51 @@ def _progress(desc: str):
 @click.option("--methods", default="ngram,suffix", show_default=True, help=_METHODS_HELP)
 @click.option("--k-max", default=20, show_default=True, help="Longest proposal replayed per position.")
 @click.option("--out", "out", type=click.Path(), help="Output store (.parquet file, directory, or .jsonl).")
-@click.option("--ngram-min", default=NGRAM_MIN_N, show_default=True, help="n-gram prompt_lookup_min.")
-@click.option("--ngram-max", default=NGRAM_MAX_N, show_default=True, help="n-gram prompt_lookup_max.")
+@click.option("--force", is_flag=True, help="Replace an existing --out.")
 @click.option(
-    "--suffix-max-tree-depth", default=24, show_default=True, help="vLLM suffix_decoding_max_tree_depth."
+    "--ngram-min", type=_COUNT, default=NGRAM_MIN_N, show_default=True, help="n-gram prompt_lookup_min."
 )
-@click.option("--suffix-max-cached-requests", default=10000, show_default=True,
+@click.option(
+    "--ngram-max", type=_COUNT, default=NGRAM_MAX_N, show_default=True, help="n-gram prompt_lookup_max."
+)
+@click.option(
+    "--suffix-max-tree-depth",
+    type=_COUNT,
+    default=24,
+    show_default=True,
+    help="vLLM suffix_decoding_max_tree_depth.",
+)
+@click.option("--suffix-max-cached-requests", type=click.IntRange(0, INT32_MAX), default=10000, show_default=True,
               help="vLLM suffix_decoding_max_cached_requests (responses kept in the global tree).")  # fmt: skip
 @click.option(
-    "--suffix-max-spec-factor", default=1.0, show_default=True, help="vLLM suffix_decoding_max_spec_factor."
+    "--suffix-max-spec-factor",
+    type=click.FloatRange(0.0, 1e6),
+    default=1.0,
+    show_default=True,
+    help="vLLM suffix_decoding_max_spec_factor.",
 )
 @click.option(
-    "--suffix-min-token-prob", default=0.1, show_default=True, help="vLLM suffix_decoding_min_token_prob."
+    "--suffix-min-token-prob",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.1,
+    show_default=True,
+    help="vLLM suffix_decoding_min_token_prob.",
 )
 @click.option("--suffix-no-global", is_flag=True, help="Suffix: no global tree (max_cached_requests 0).")
 @click.option("--draft-model", default=None, help="Draft checkpoint (preset name or path) for draft_model.")
 @click.option("--eagle3-head", default=None, help="EAGLE-3 head (dir or preset name) for eagle3.")
 @click.option("--eagle-head", default=None, help="EAGLE-1 head dir for eagle (experimental; needs --target).")
-@click.option("--max-model-len", default=None, type=int, help="Cap proposals like an engine with this limit.")
-@click.option("--threads", default=None, type=int,
-              help="torch threads for draft_model and --generator transformers (default: torch's).")  # fmt: skip
+@click.option(
+    "--max-model-len", default=None, type=_COUNT, help="Cap proposals like an engine with this limit."
+)
+@click.option(
+    "--threads",
+    default=None,
+    type=click.IntRange(1, 4096),
+    help="torch threads for draft_model and --generator transformers (default: torch's).",
+)
 @click.pass_context
-def command(
+def command(  # over 100 lines: one parameter per option, then the checks and dispatch in order
     ctx: click.Context,
     source: str | None,
     workload: str | None,
@@ -131,6 +168,7 @@ def command(
     methods: str,
     k_max: int,
     out: str | None,
+    force: bool,
     ngram_min: int,
     ngram_max: int,
     suffix_max_tree_depth: int,
@@ -181,11 +219,14 @@ def command(
         raise click.UsageError("give exactly one of --from STORE_OR_RUN or --workload NAME (with --target)")
     if not out:
         raise click.UsageError("--out is required")
+    _check_out(out, source, force)
     from speclab.traces.model import K_MAX_LIMIT
 
     if not 1 <= k_max <= K_MAX_LIMIT:
         raise ConfigError(f"--k-max must be in 1..{K_MAX_LIMIT}, got {k_max}")
-    mlist = [m.strip() for m in methods.split(",") if m.strip()]
+    mlist = [m.strip() for m in methods.split(",")]
+    if not all(mlist):
+        raise ConfigError(f"--methods: empty item in {methods!r} (expected comma-separated method names)")
     for m in mlist:
         check_method_name(m)
     options = _method_options(**ctx.obj["opts"])
@@ -208,7 +249,7 @@ def command(
     traced = replay_records(
         records, mlist, k_max, options, progress=_progress("replay"), skip_missing_ids=True, compare=compare
     )
-    _write(out, traced)
+    _write(out, traced, force)
     skipped = len(records) - len(with_ids)
     click.echo(
         f"replayed {len(with_ids)} requests x {', '.join(mlist)} (k_max {k_max}) -> {out}"
@@ -254,13 +295,25 @@ def _summary(mlist: list[str], with_ids: list, compare: dict[str, list[int]]) ->
         )
 
 
-def _write(out: str, records: list) -> None:
+def _check_out(out: str, source: str | None, force: bool) -> None:
+    """Before the replay: the output is not the input and replaces an existing one only with --force."""
+    if out.endswith(".jsonl"):
+        from speclab.outputs import output_file
+
+        output_file(out, [source], force=force)
+    else:
+        from speclab.traces.store import check_store_output
+
+        check_store_output(out, [source], force)
+
+
+def _write(out: str, records: list, force: bool) -> None:
     from speclab.traces import export_jsonl, write_store
 
     if out.endswith(".jsonl"):
         export_jsonl(records, out)
     else:
-        write_store(out, records)
+        write_store(out, records, replace=force)
 
 
 @command.command(name="crosscheck")
@@ -269,11 +322,12 @@ def _write(out: str, records: list) -> None:
 @click.option(
     "--out", "out", type=click.Path(dir_okay=False), help="Write summary + mismatches as JSON here."
 )
+@click.option("--force", is_flag=True, help="Replace an existing output file.")
 @click.option("--show", default=5, show_default=True, help="Mismatches to print.")
 @click.option("--by-workload", is_flag=True, help="Break the agreement down per workload.")
 @click.pass_context
 def crosscheck(
-    ctx: click.Context, run: str, as_json: bool, out: str | None, show: int, by_workload: bool
+    ctx: click.Context, run: str, as_json: bool, out: str | None, force: bool, show: int, by_workload: bool
 ) -> None:
     """Replay vs engine: walk the replayed trace the way vLLM steps (skipping accepted positions) and
     compare with each request's observed per-step accepted/drafted counts; agreement per method."""
@@ -283,6 +337,10 @@ def crosscheck(
     from speclab.replay.runs import make_run_replay_fn
 
     opts = ctx.obj["opts"]
+    if out:
+        from speclab.outputs import output_file
+
+        output_file(out, [run], force=force)
     records = load_records(run)
     replay_fn, skipped = make_run_replay_fn(Path(run), opts)
     res = crosscheck_records(records, replay_fn, max_model_len=opts["max_model_len"])

@@ -106,13 +106,13 @@ def import_cmd(
     """Import trace FILE(s) into the store --out."""
     from speclab.traces import append_to_store, read_jsonl, write_store
     from speclab.traces.importers import import_specdecode_bench
-    from speclab.traces.store import store_exists
+    from speclab.traces.store import check_store_output
 
     outp = Path(out)
     if append and force:
         raise TraceError("give --append or --force, not both")
-    if store_exists(outp) and not (append or force):
-        raise TraceError(f"{out}: store exists (use --append to add a part, --force to replace)")
+    # a first look, for an early answer; the authoritative check runs under the store's lock
+    check_store_output(outp, files, force, append)
     if append and outp.suffix == ".parquet":
         raise TraceError(f"{out}: cannot append to a single-file store; use a directory")
     if fmt == "specdecode-bench":
@@ -136,7 +136,7 @@ def import_cmd(
         # the id check and the new part happen under the store's writer lock
         append_to_store(outp, recs, tag=Path(files[0]).stem, refuse_existing_ids=True)
     else:
-        write_store(outp, recs)
+        write_store(outp, recs, replace=force)
     for n in notes:
         click.echo(f"note: {n}", err=True)
     methods = sorted({m for r in recs for m in r.methods})
@@ -150,10 +150,13 @@ def import_cmd(
 @command.command(name="export")
 @click.argument("store", type=click.Path())
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="JSON Lines file.")
-def export_cmd(store: str, out: str) -> None:
+@click.option("--force", is_flag=True, help="Replace an existing --out file.")
+def export_cmd(store: str, out: str, force: bool) -> None:
     """Export a store to speclab's lossless JSON Lines."""
+    from speclab.outputs import output_file
     from speclab.traces import export_jsonl, read_store
 
+    output_file(out, [store], force=force)
     recs = read_store(store)
     export_jsonl(recs, out)
     click.echo(f"exported {len(recs)} record(s) -> {out}")

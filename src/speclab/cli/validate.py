@@ -18,14 +18,20 @@ import click
                    "`cost-models fit`).")  # fmt: skip
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
               help="Where to write the JSON (default: RUN/validation.json; '-' for stdout).")  # fmt: skip
-def command(run: str, cost_model: str | None, fit: str, json_out: str | None) -> None:
+@click.option(
+    "--force", is_flag=True, help="Replace an existing --json file (RUN/validation.json always is)."
+)
+def command(run: str, cost_model: str | None, fit: str, json_out: str | None, force: bool) -> None:
     """Simulate every cell of RUN from its own traces (its requests, batching and batch size, and the
     acceptance the engine observed) and print predicted beside measured throughput and speedup per cell,
     with the mean absolute error of the predicted speedup. The report (`speclab report --run RUN`) shows
     RUN/validation.json."""
     from speclab.atomic import atomic_write_text
+    from speclab.outputs import output_file
     from speclab.validate import VALIDATION_JSON, format_table, validate_run
 
+    if json_out not in (None, "-"):
+        output_file(json_out, [run, cost_model], force=force, what="--json")
     val = validate_run(run, cost_model, fit=fit)
     text = json.dumps(val.to_dict(), indent=1) + "\n"
     if json_out == "-":

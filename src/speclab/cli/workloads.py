@@ -6,6 +6,8 @@ import json
 
 import click
 
+from speclab.validation import MAX_PROMPTS, MAX_SEED
+
 
 def _load(name: str, limit: int | None, seed: int, source: str | None) -> list:
     from speclab.workloads import get_workload, load_workload
@@ -27,8 +29,16 @@ def _load(name: str, limit: int | None, seed: int, source: str | None) -> list:
 
 
 _common = [
-    click.option("--limit", type=click.IntRange(min=0), default=None, help="At most this many prompts."),
-    click.option("--seed", type=int, default=0, show_default=True, help="Sampling / generation seed."),
+    click.option(
+        "--limit", type=click.IntRange(0, MAX_PROMPTS), default=None, help="At most this many prompts."
+    ),
+    click.option(
+        "--seed",
+        type=click.IntRange(0, MAX_SEED),
+        default=0,
+        show_default=True,
+        help="Sampling / generation seed.",
+    ),
     click.option(
         "--source",
         type=click.Path(exists=True),
@@ -105,6 +115,7 @@ def show_cmd(name: str, limit: int | None, seed: int, source: str | None, as_jso
     default=None,
     help="Truncate longer prompts' bodies to fit (needs --tokenizer); recorded per prompt.",
 )
+@click.option("--force", is_flag=True, help="Replace an existing output file.")
 def export_cmd(
     name: str,
     out: str,
@@ -113,13 +124,17 @@ def export_cmd(
     source: str | None,
     tokenizer: str | None,
     max_prompt_tokens: int | None,
+    force: bool,
 ) -> None:
     """Write the prompts of workload NAME as JSON lines (one Prompt per line)."""
     from speclab.atomic import atomic_path
     from speclab.errors import SpeclabError
+    from speclab.outputs import output_file
 
     if max_prompt_tokens is not None and tokenizer is None:
         raise SpeclabError("--max-prompt-tokens needs --tokenizer (truncation is counted in target tokens)")
+    file_input = name[len("file:") :].strip() if name.startswith("file:") else None
+    output_file(out, [file_input, source], force=force)
     prompts = _load(name, limit, seed, source)
     tok = None
     if tokenizer is not None:
@@ -169,10 +184,17 @@ def export_cmd(
     help="Also count the prompts longer than this (needs --tokenizer).",
 )
 @click.option(
-    "--limit", type=click.IntRange(min=1), default=None, help="Inspect the sample a sweep would draw."
+    "--limit",
+    type=click.IntRange(1, MAX_PROMPTS),
+    default=None,
+    help="Inspect the sample a sweep would draw.",
 )
 @click.option(
-    "--seed", type=int, default=42, show_default=True, help="Sampling seed for --limit (the sweeps' 42)."
+    "--seed",
+    type=click.IntRange(0, MAX_SEED),
+    default=42,
+    show_default=True,
+    help="Sampling seed for --limit (the sweeps' 42).",
 )
 @click.option("--skip-invalid", is_flag=True, help="Leave malformed lines out (counted) instead of refusing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

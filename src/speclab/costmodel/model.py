@@ -30,6 +30,7 @@ import numpy as np
 
 from speclab.costmodel.forms import TargetCost, target_from_toml
 from speclab.errors import ConfigError
+from speclab.validation import check_depth, check_numbers, is_finite_number, loads_toml, show
 
 DRAFT_FORMS = ("linear", "chained", "forwards", "verify_fraction")
 MAX_COEF = 1e3  # seconds per token / per step: far above any real engine, small enough to stay finite
@@ -176,6 +177,9 @@ class CostModel:
             d = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{where}: not valid TOML ({exc})") from None
+        except (RecursionError, ValueError):  # nesting beyond the parser, a number of 4300+ digits
+            d = loads_toml(text, where)  # says which, in one line
+        check_numbers(check_depth(d, where), where)  # no NaN, infinity or 24-digit integer reaches a form
         _no_unknown(d, _TOP_KEYS, f"{where}: top level")
         for key in ("name", "description", "source"):
             if key in d and not isinstance(d[key], str):
@@ -247,14 +251,16 @@ def _num(d: dict[str, Any], key: str, where: str, default: Any = _REQUIRED) -> f
             raise ConfigError(f"{where}.{key}: missing")
         return float(default)
     v = d[key]
-    if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v):
-        raise ConfigError(f"{where}.{key}: expected a number, got {v!r}")
+    if not is_finite_number(v):
+        raise ConfigError(f"{where}.{key}: expected a number, got {show(v)}")
     return float(v)
 
 
 def _check_coef(v: Any, where: str, top: float = MAX_COEF) -> None:
-    if isinstance(v, bool) or not isinstance(v, int | float | np.number) or not np.isfinite(v):
-        raise ConfigError(f"{where}: expected a finite number, got {v!r}")
+    if isinstance(v, np.number):
+        v = v.item()
+    if not is_finite_number(v):
+        raise ConfigError(f"{where}: expected a finite number, got {show(v)}")
     if not 0 <= v <= top:
         raise ConfigError(f"{where}: {v!r} out of range 0..{top:g}")
 

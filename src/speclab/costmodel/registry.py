@@ -7,6 +7,7 @@ from pathlib import Path
 from speclab.costmodel.model import CostModel
 from speclab.errors import ConfigError
 from speclab.models.prepare import cache_root
+from speclab.outputs import check_no_loop
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets" / "cost_models"
 
@@ -25,10 +26,9 @@ def preset_path(name: str) -> Path:
     return PRESET_DIR / f"{name}.toml"
 
 
-def get_cost_model(name_or_path: str | Path | CostModel) -> CostModel:
-    """A preset name (see list_cost_models) or a path to a cost-model TOML file."""
-    if isinstance(name_or_path, CostModel):
-        return name_or_path.validate()
+def resolve_cost_model(name_or_path: str | Path) -> Path:
+    """The file a cost-model name or path stands for; ConfigError (the same line from every command) when
+    there is none. Reads nothing."""
     s = str(name_or_path)
     p = Path(s)
     if s in list_cost_models():
@@ -39,8 +39,18 @@ def get_cost_model(name_or_path: str | Path | CostModel) -> CostModel:
         raise ConfigError(
             f"unknown cost model {s!r} (presets: {', '.join(list_cost_models())}; or a .toml path)"
         )
+    check_no_loop(p, "cost model file ")
     if not p.is_file():
         raise ConfigError(f"cost model file {s}: not found")
+    return p
+
+
+def get_cost_model(name_or_path: str | Path | CostModel) -> CostModel:
+    """A preset name (see list_cost_models) or a path to a cost-model TOML file."""
+    if isinstance(name_or_path, CostModel):
+        return name_or_path.validate()
+    s = str(name_or_path)
+    p = resolve_cost_model(s)
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -15,6 +15,7 @@ truncated or padded unless --lenient-lengths asks for the old one-length layout.
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from speclab.errors import TraceError
+from speclab.inputs import open_binary
 from speclab.traces.model import CATEGORIES, KNOWN_METHODS, MethodTrace, RequestTrace, json_lines
 
 FORMATS = ("specdecode-bench", "speclab-jsonl")
@@ -102,8 +104,8 @@ def import_specdecode_bench(
         cat = category or guess_category(wl)
         adjusted = 0
         own_len: dict[str, int] = {}  # method -> records whose trace has its own length
-        try:
-            fh = open(path)  # noqa: SIM115 (closed below; errors reported with the file name)
+        try:  # opened once: a pipe or FIFO works, a FIFO without a writer times out
+            fh = io.TextIOWrapper(open_binary(path, TraceError), encoding="utf-8-sig")
         except OSError as exc:
             raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
         with fh:

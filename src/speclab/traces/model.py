@@ -201,8 +201,11 @@ class RequestTrace:
                         m["output_token_ids"], f"{where}: field methods.{name}.output_token_ids"
                     ),
                 )
+            rid = _require(d, "id", where)
+            if not isinstance(rid, str) or not rid:
+                raise TraceError(f"{where}: field id: expected a non-empty string, got {_kind(rid)}")
             rec = cls(
-                id=str(_require(d, "id", where)),
+                id=rid,
                 workload=str(d.get("workload", "unknown")),
                 category=str(d.get("category", "other")),
                 prompt_len=_as_int(_require(d, "prompt_len", where), f"{where}: field prompt_len"),
@@ -222,6 +225,10 @@ class RequestTrace:
             raise TraceError(f"{where}: {exc}") from None
         rec.validate(where)
         return rec
+
+
+def _kind(v: Any) -> str:
+    return "null" if v is None else ("an object" if isinstance(v, dict) else f"{type(v).__name__} {v!r}"[:80])
 
 
 def _check_ids(ids: np.ndarray | None, where: str) -> None:

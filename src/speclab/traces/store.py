@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import io
 import json
 import os
 import shutil
@@ -40,6 +41,8 @@ import pyarrow.parquet as pq
 
 from speclab.atomic import atomic_path, exclusive_lock
 from speclab.errors import TraceError
+from speclab.inputs import open_binary
+from speclab.outputs import check_no_loop, check_writable, conflicting_input, describe_entries
 from speclab.traces.model import MethodTrace, RequestTrace, dumps_jsonl_line, json_lines
 
 SCHEMA_VERSION = "2"
@@ -185,6 +188,16 @@ def store_exists(path: str | os.PathLike[str]) -> bool:
     return path.is_file() or (path.is_dir() and bool(_part_files(path)))
 
 
+def _foreign_entries(path: Path) -> list[str]:
+    """What a store directory holds besides trace parts and writers' temporaries (hidden names count)."""
+    parts = set(_part_files(path))
+    return sorted(
+        p.name
+        for p in path.iterdir()
+        if not (p in parts or (p.name.startswith(".part-") and p.suffix == ".tmp"))
+    )
+
+
 def _check_replaceable(path: Path) -> None:
     if path.suffix == ".parquet":
         if path.is_dir():
@@ -195,14 +208,35 @@ def _check_replaceable(path: Path) -> None:
             f"{path}: exists and is a file, not a store directory (give a .parquet name, or remove it)"
         )
     if path.is_dir():
-        other = sorted(
-            p.name for p in path.iterdir() if not (p.name.startswith(".") or p in _part_files(path))
-        )
+        other = _foreign_entries(path)
         if other:
             raise TraceError(
-                f"{path}: holds files that are not trace parts ({', '.join(other[:3])}); "
-                "refusing to replace it (choose another --out)"
+                f"{path}: holds files that are not trace parts ({describe_entries(other)}); "
+                "refusing to replace it "
+                "(choose another --out)"
             )
+
+
+def _real(path: str | os.PathLike[str]) -> Path:
+    """A symlinked store is written through to its target (the link stays a link)."""
+    path = Path(path)
+    check_no_loop(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def check_store_output(
+    out: str | os.PathLike[str], inputs: Iterable[object], force: bool, append: bool = False
+) -> None:
+    """Before any work: `out` is no input, an existing store needs --force (or --append), a directory that is
+    not a store is refused, the place is writable. (write_store checks again under the lock.)"""
+    hit = conflicting_input(out, inputs)
+    if hit is not None:
+        raise TraceError(f"--out {out}: is (or holds) the input {hit}; refusing to overwrite an input")
+    p = _real(out)
+    if store_exists(p) and not (append or force):
+        raise TraceError(f"{out}: store exists (use --append to add a part, --force to replace)")
+    _check_replaceable(p)
+    check_writable(p, f"--out {out}", "the store")
 
 
 def _write_part(table: pa.Table, target: Path) -> None:
@@ -240,13 +274,23 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
-def write_store(path: str | os.PathLike[str], records: Iterable[RequestTrace]) -> Path:
+def write_store(
+    path: str | os.PathLike[str], records: Iterable[RequestTrace], *, replace: bool = True
+) -> Path:
     """Write records as a new store (replacing an existing one). `path` ending in .parquet = one file;
-    otherwise a directory with a single part. Crash-safe: a kill leaves the old store or the new one."""
-    path = Path(path)
+    otherwise a directory with a single part. Crash-safe: a kill leaves the old store or the new one.
+    replace=False (the caller found no store when it started, check_store_output): refuse (TraceError,
+    nothing written) when a store is there once the lock is held: another writer created it meanwhile."""
+    shown = Path(path)
+    path = _real(path)
     table = records_to_table(records)  # validates before anything on disk changes
     with store_lock(path):
         _clean_stale(path)
+        if not replace and store_exists(path):
+            raise TraceError(
+                f"{shown}: store exists (another writer created it while this command ran); nothing written "
+                "(use --append to add a part, --force to replace)"
+            )
         _check_replaceable(path)
         if path.suffix == ".parquet":
             _write_part(table, path)
@@ -285,7 +329,7 @@ def append_to_store(
     """Append records to a directory store as a new part file, atomically and under the store's lock.
     refuse_existing_ids: raise TraceError (writing nothing) if a record id is already in the store.
     Returns the part path."""
-    path = Path(path)
+    path = _real(path)
     if path.suffix == ".parquet":
         raise TraceError(f"{path}: cannot append to a single-file store; use a directory")
     records = list(records)
@@ -294,6 +338,11 @@ def append_to_store(
         _clean_stale(path)
         if path.exists() and not path.is_dir():
             raise TraceError(f"{path}: exists and is a file, not a store directory")
+        if path.is_dir() and _foreign_entries(path):
+            raise TraceError(
+                f"{path}: holds files that are not trace parts ({describe_entries(_foreign_entries(path))}); "
+                "refusing to add a part to it"
+            )
         if refuse_existing_ids and store_exists(path):
             old = {r.id for r in read_store(path, validate=False)}
             dup = next((r.id for r in records if r.id in old), None)
@@ -307,6 +356,7 @@ def append_to_store(
 
 def iter_store_files(path: str | os.PathLike[str]) -> Iterator[Path]:
     path = Path(path)
+    check_no_loop(path)
     if not path.exists():
         aside = sorted(path.parent.glob(f".{path.name}.old-*")) if path.parent.is_dir() else []
         hint = f" (an interrupted replace left the old store at {aside[0]}: rename it back)" if aside else ""
@@ -378,8 +428,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[RequestTrace]:
     """Read speclab's own lossless JSONL export."""
     path = Path(path)
     out = []
-    try:
-        fh = open(path, encoding="utf-8")  # noqa: SIM115 (closed below; errors name the file)
+    try:  # opened once: a pipe or FIFO works, a FIFO without a writer times out
+        fh = io.TextIOWrapper(open_binary(path, TraceError), encoding="utf-8-sig")
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
     with fh:

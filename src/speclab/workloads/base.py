@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -98,3 +98,25 @@ def read_prompts(path: str) -> list[Prompt]:
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise WorkloadError(f"{path} line {n}: not an exported prompt ({exc})") from exc
     return out
+
+
+def take_distinct(
+    candidates: Iterable[Prompt], want: int, key: Callable[[Prompt], str] = lambda p: p.id
+) -> list[Prompt]:
+    """The first `want` candidates with distinct keys (default: ids; a repeated prompt is skipped).
+
+    Candidates are drawn lazily, so a generator driven by a seeded rng draws no more than it needs.
+    """
+    prompts: list[Prompt] = []
+    seen: set[str] = set()
+    if want <= 0:
+        return prompts
+    for p in candidates:
+        k = key(p)
+        if k in seen:
+            continue
+        seen.add(k)
+        prompts.append(p)
+        if len(prompts) >= want:
+            break
+    return prompts

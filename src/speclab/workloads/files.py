@@ -20,6 +20,8 @@ asked otherwise; arrival times (meta["arrival_s"]) are for a server-mode replay 
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import math
 import os
 from dataclasses import dataclass, field
@@ -27,14 +29,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from speclab.errors import ConfigError
+from speclab.outputs import check_no_loop
+from speclab.validation import integer, is_finite_number, number, show
 from speclab.workloads.base import (
     CATEGORIES,
     Prompt,
     WorkloadError,
+    WorkloadInfo,
     content_id,
+    seeded_sample,
+    take_distinct,
     user,
 )
-from speclab.workloads.offline._common import take_distinct
 from speclab.workloads.sources import SUFFIXES, jsonl_rows, read_local
 
 FILE_PREFIX = "file:"
@@ -54,6 +61,11 @@ REQUEST_FIELDS = (
     "stop",
 )
 _MS_THRESHOLD = 1e11  # a larger number is an epoch time in milliseconds
+# bounds of a request's numbers: beyond any real request, small enough that no sum or span overflows
+MAX_TOKENS = 2**31 - 1
+MAX_TEMPERATURE = 1e6
+MAX_ARRIVAL_S = 1e12  # about 31,000 years either side of 1970
+MAX_ID_CHARS = 1000
 
 
 @dataclass
@@ -98,6 +110,8 @@ def _content(loc: str, c: Any, fld: str) -> str:
     if isinstance(c, str):
         return c
     if isinstance(c, list):  # OpenAI content parts: only text can be benched
+        if not c:
+            raise _bad(loc, fld, "an empty list of parts (give text, or a list of text parts)")
         texts = []
         for j, part in enumerate(c):
             if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
@@ -142,7 +156,13 @@ def _prompt_text(loc: str, v: Any, fld: str) -> str:
 
 
 def _arrival(loc: str, fld: str, v: Any) -> float:
-    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+    if is_finite_number(v):
+        if abs(v) > MAX_ARRIVAL_S * 1000:
+            raise _bad(
+                loc,
+                fld,
+                f"{show(v)} out of range (seconds or milliseconds since 1970, within +-{MAX_ARRIVAL_S:g} s)",
+            )
         return v / 1000.0 if v > _MS_THRESHOLD else float(v)
     if isinstance(v, str):
         try:
@@ -162,13 +182,14 @@ def _request_fields(loc: str, outer: dict, body: dict, fp: str) -> dict[str, Any
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise _bad(loc, fp + key, f"expected an integer >= 1, got {v!r}")
+            raise _bad(loc, fp + key, f"expected an integer >= 1, got {show(v)}")
+        integer(v, f"{loc}: field {fp}{key}", 1, MAX_TOKENS, WorkloadError)
         meta.setdefault("max_tokens", v)
     t = body.get("temperature")
     if t is not None:
         if isinstance(t, bool) or not isinstance(t, int | float) or not (0 <= t < math.inf):
-            raise _bad(loc, fp + "temperature", f"expected a number >= 0, got {t!r}")
-        meta["temperature"] = float(t)
+            raise _bad(loc, fp + "temperature", f"expected a number >= 0, got {show(t)}")
+        meta["temperature"] = number(t, f"{loc}: field {fp}temperature", 0.0, MAX_TEMPERATURE, WorkloadError)
     model = body.get("model")
     if model is not None:
         if not isinstance(model, str):
@@ -220,6 +241,10 @@ def _to_prompt(loc: str, row: Any, fmt: str, workload: str, prefix: str) -> Prom
     key = row.get("id", row.get("custom_id"))
     if isinstance(key, bool) or not isinstance(key, str | int | type(None)):
         raise _bad(loc, "id", f"expected text or an integer, got {_tname(key)}")
+    if isinstance(key, int):
+        integer(key, f"{loc}: field id", -(2**63), 2**63 - 1, WorkloadError)
+    elif isinstance(key, str) and len(key) > MAX_ID_CHARS:
+        raise _bad(loc, "id", f"longer than {MAX_ID_CHARS} characters")
     if key not in (None, ""):
         pid = f"{prefix}-{key}"
     else:
@@ -255,6 +280,7 @@ def parse_file(
         raise WorkloadError(f"{p}: format {fmt!r} is not one of {', '.join(FORMATS)}")
     if category is not None and category not in CATEGORIES:
         raise WorkloadError(f"{p}: category {category!r} is not one of {', '.join(CATEGORIES)}")
+    check_no_loop(p)
     if not p.exists():
         raise WorkloadError(f"{p}: no such file")
     if p.is_dir():
@@ -294,3 +320,95 @@ def parse_file(
         q.category = q.category or category
         q.meta.update({"file_rows": len(prompts), "duplicates_dropped": dups})
     return ParsedFile(p, fmt, distinct, len(prompts), dups, category, invalid)
+
+
+# --- a parsed file as a workload (registered by speclab.workloads.registry) ----------------------------
+
+_CACHE: dict[tuple, ParsedFile] = {}
+
+
+def load_file(
+    path: str | os.PathLike[str],
+    fmt: str = "auto",
+    workload: str | None = None,
+    category: str | None = None,
+    skip_invalid: bool = False,
+) -> ParsedFile:
+    """parse_file, read once per version of the file (its size and modification time) in this process."""
+    p = Path(path).expanduser()
+    try:
+        st = p.stat()
+        stamp: tuple | None = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = None  # parse_file says what is wrong
+    key = (stamp, fmt, workload, category, skip_invalid)
+    if stamp is None or key not in _CACHE:
+        parsed = parse_file(p, fmt, workload, category, skip_invalid)
+        if stamp is None:
+            return parsed
+        _CACHE[key] = parsed
+    return _CACHE[key]
+
+
+@dataclass(frozen=True)
+class FileWorkload:
+    name: str
+    path: str
+    format: str = "auto"
+    category: str | None = None
+    skip_invalid: bool = False
+
+    def parsed(self) -> ParsedFile:
+        return load_file(self.path, self.format, self.name, self.category, self.skip_invalid)
+
+    def info(self) -> WorkloadInfo:
+        pf = self.parsed()
+        desc = f"{pf.format} file {self.path}: {len(pf.prompts)} prompts"
+        notes = f"{pf.duplicates} repeated prompts dropped" if pf.duplicates else ""
+        if pf.invalid:
+            notes = "; ".join(filter(None, [notes, f"{len(pf.invalid)} invalid lines skipped"]))
+        return WorkloadInfo(self.name, pf.category, "file", desc, notes=notes)
+
+    def build(self, limit: int | None, seed: int, source: str | None) -> list[Prompt]:
+        if source:
+            raise WorkloadError(f"{self.name}: a file workload takes no source (its file is {self.path})")
+        # copies: a caller may change a prompt, the parsed file is shared
+        return [
+            Prompt.from_dict(copy.deepcopy(q.to_dict()))
+            for q in seeded_sample(self.parsed().prompts, limit, seed)
+        ]
+
+
+def bench_notes(workload: str, prompts: list[Prompt], max_tokens: int) -> list[str]:
+    """What a request log asked for that the bench does differently (said before the run, not hidden)."""
+    notes = []
+    n = len(prompts)
+    hot = sum(1 for p in prompts if p.meta.get("temperature", 0.0) > 0)
+    if hot:
+        notes.append(
+            f"note: {workload}: {hot} of {n} requests asked for temperature > 0; the bench decodes greedily "
+            "(temperature 0), so every SD output can be checked token for token against no-SD"
+        )
+    asked = [p.meta["max_tokens"] for p in prompts if "max_tokens" in p.meta]
+    other = [m for m in asked if m != max_tokens]
+    if other:
+        notes.append(
+            f"note: {workload}: {len(other)} of {n} requests asked for max_tokens other than the sweep's "
+            f"{max_tokens} ({min(asked)}-{max(asked)}); every request generates up to the sweep's {max_tokens}"
+        )
+    return notes
+
+
+def file_fingerprint(workload: str, files: dict[str, dict[str, Any]]) -> str | None:
+    """A digest of a file workload's bytes (None for any other workload). Cell ids include it, so that a rerun
+    into the same run directory after the file changed runs the new prompts instead of reusing old cells."""
+    if workload in files:
+        path = Path(files[workload]["path"])
+    elif workload.startswith(FILE_PREFIX):
+        path = Path(workload[len(FILE_PREFIX) :].strip()).expanduser()
+    else:
+        return None
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError as exc:
+        raise ConfigError(f"workload {workload}: cannot read {path} ({exc.strerror})") from None

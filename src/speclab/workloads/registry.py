@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speclab.workloads.base import CATEGORIES, KINDS, Prompt, WorkloadError, WorkloadInfo
+from speclab.workloads.files import FILE_PREFIX, FileWorkload
 
 log = logging.getLogger("speclab.workloads")
 
@@ -60,7 +61,8 @@ def _import_path(path: str) -> None:
     spec.loader.exec_module(module)
 
 
-def _discover() -> None:
+def discover() -> None:
+    """Import every workload module once (built in, entry points, SPECLAB_WORKLOADS)."""
     global _discovered
     if _discovered:
         return
@@ -87,10 +89,32 @@ def _discover() -> None:
             importlib.import_module(item)
 
 
+def register_file_workload(
+    name: str, path: str, fmt: str = "auto", category: str | None = None, skip_invalid: bool = False
+) -> WorkloadInfo:
+    """Register (or re-register) a file workload under `name`; reads and checks the whole file now."""
+    discover()
+    old = _REGISTRY.get(name)
+    if old is not None and old.info.kind != "file":
+        raise WorkloadError(f"{name!r} is a built-in workload; give the file workload another name")
+    fw = FileWorkload(name, path, fmt, category, skip_invalid)
+    info = fw.info()
+    register_workload(info, fw.build, replace=True)
+    return info
+
+
+def resolve_file_name(name: str) -> WorkloadInfo:
+    """Register a `file:PATH` workload name (format detected, category from the lines)."""
+    path = name[len(FILE_PREFIX) :].strip()
+    if not path:
+        raise WorkloadError(f"workload {name!r}: give a path after {FILE_PREFIX}")
+    return register_file_workload(name, path)
+
+
 def list_workloads() -> list[WorkloadInfo]:
     """Every registered workload: offline stand-ins first, then study datasets, then files registered in this
     process, each by study category."""
-    _discover()
+    discover()
     order = {"offline": 0, "study": 1}
     return sorted(
         (e.info for e in _REGISTRY.values()),
@@ -99,10 +123,8 @@ def list_workloads() -> list[WorkloadInfo]:
 
 
 def get_workload(name: str) -> WorkloadInfo:
-    _discover()
-    if name.startswith("file:"):
-        from speclab.workloads.file_workloads import resolve_file_name
-
+    discover()
+    if name.startswith(FILE_PREFIX):
         return resolve_file_name(name)  # reads and checks the file (again if it changed)
     if name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))

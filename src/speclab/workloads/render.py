@@ -54,6 +54,22 @@ def _template_ids(
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def _prompt_ids(
+    prompt: Prompt, messages: list[dict], tokenizer: Any, raw: bool, **template_kwargs: Any
+) -> list[int]:
+    """_template_ids, with a template's refusal (e.g. of the role order) as one line naming the prompt."""
+    try:
+        return _template_ids(messages, tokenizer, raw, **template_kwargs)
+    except WorkloadError:
+        raise
+    except Exception as exc:  # jinja2's TemplateError and whatever a template's raise_exception raises
+        where = prompt.meta.get("source") or f"prompt {prompt.id}"
+        why = " ".join(str(exc).split())[:200]
+        raise WorkloadError(
+            f"{where}: field messages: the chat template refused it ({type(exc).__name__}: {why})"
+        ) from None
+
+
 def _span(prompt: Prompt) -> tuple[int, int, int]:
     spec = prompt.meta.get("truncate")
     if spec:
@@ -72,7 +88,7 @@ def render_prompt(
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer)
     raw = prompt.meta.get("chat_template") is False
-    ids = _template_ids(prompt.messages, tokenizer, raw, **template_kwargs)
+    ids = _prompt_ids(prompt, prompt.messages, tokenizer, raw, **template_kwargs)
     if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
         return ids, False
     mi, start, end = _span(prompt)
@@ -86,7 +102,7 @@ def render_prompt(
         cut = tokenizer.decode(body_ids[:keep], skip_special_tokens=True)
         messages = [dict(m) for m in prompt.messages]
         messages[mi]["content"] = head + cut.rstrip() + TRUNCATION_MARKER + tail.lstrip("\n")
-        new_ids = _template_ids(messages, tokenizer, raw, **template_kwargs)
+        new_ids = _prompt_ids(prompt, messages, tokenizer, raw, **template_kwargs)
         if len(new_ids) <= max_prompt_tokens:
             return new_ids, True
         keep -= max(len(new_ids) - max_prompt_tokens, 1)

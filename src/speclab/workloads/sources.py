@@ -6,8 +6,6 @@ Each row comes with a location string ("FILE line N" for JSON Lines, "FILE row N
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import socket
 from collections.abc import Iterator
@@ -15,6 +13,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from speclab.inputs import open_maybe_gzip
+from speclab.validation import loads_json
 from speclab.workloads.base import WorkloadError
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow")
@@ -43,19 +43,15 @@ def _json_rows(path: Path, data: Any, split: str | None) -> Iterator[Row]:
 
 def jsonl_rows(path: Path, skipped: list[str] | None = None) -> Iterator[Row]:
     """The rows of a JSON Lines file (blank lines skipped); a line that is not JSON fails naming it, or,
-    when `skipped` is a list, is left out and its error appended there. A gzip-compressed file is read as is."""
-    with open(path, "rb") as probe:
-        gz = probe.read(2) == b"\x1f\x8b"
-    with gzip.open(path, "rb") if gz else open(path, "rb") as f:
+    when `skipped` is a list, is left out and its error appended there. A gzip-compressed file is read as is.
+    The input is opened once (a pipe, a FIFO or /dev/stdin is read from its first byte)."""
+    with open_maybe_gzip(path, WorkloadError) as f:
         for n, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
                 if not line.strip():
                     continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise WorkloadError(f"{path} line {n}: not valid JSON ({exc.msg})") from exc
+                row = loads_json(line, f"{path} line {n}", WorkloadError)
             except UnicodeDecodeError:
                 err = WorkloadError(f"{path} line {n}: not UTF-8 text")
             except WorkloadError as exc:
@@ -74,12 +70,13 @@ def _read_file(path: Path, split: str | None) -> Iterator[Row]:
         if suffix == ".jsonl":
             yield from jsonl_rows(path)
         elif suffix == ".json":
-            with open(path, encoding="utf-8") as f:
-                try:
-                    data = json.load(f)
-                except json.JSONDecodeError as exc:
-                    raise WorkloadError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-            yield from _json_rows(path, data, split)
+            with open_maybe_gzip(path, WorkloadError) as f:
+                raw = f.read()
+            try:
+                text = raw.decode("utf-8-sig")  # a byte-order mark is accepted, as in .jsonl
+            except UnicodeDecodeError as exc:
+                raise WorkloadError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            yield from _json_rows(path, loads_json(text, str(path), WorkloadError), split)
         elif suffix in (".parquet", ".csv", ".arrow"):
             for i, row in enumerate(_arrow_table(path).to_pylist()):
                 yield f"{path} row {i}", row

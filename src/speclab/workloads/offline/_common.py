@@ -7,7 +7,7 @@ import sysconfig
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from speclab.workloads.base import Prompt, WorkloadError
+from speclab.workloads.base import Prompt, WorkloadError, take_distinct
 
 DEFAULT_SIZE = 500  # prompts built when no --limit is given
 
@@ -49,28 +49,6 @@ def python_files(root: Path) -> list[Path]:
 
 def target_size(limit: int | None) -> int:
     return DEFAULT_SIZE if limit is None else limit
-
-
-def take_distinct(
-    candidates: Iterable[Prompt], want: int, key: Callable[[Prompt], str] = lambda p: p.id
-) -> list[Prompt]:
-    """The first `want` candidates with distinct keys (default: ids; a repeated prompt is skipped).
-
-    Candidates are drawn lazily, so a generator driven by a seeded rng draws no more than it needs.
-    """
-    prompts: list[Prompt] = []
-    seen: set[str] = set()
-    if want <= 0:
-        return prompts
-    for p in candidates:
-        k = key(p)
-        if k in seen:
-            continue
-        seen.add(k)
-        prompts.append(p)
-        if len(prompts) >= want:
-            break
-    return prompts
 
 
 def generated_build(
