@@ -180,7 +180,7 @@ def test_cost_models_fit_output_in_simulate_validate_and_check(here, capsys, for
     out = cli(capsys, "simulate", "--traces", f"{OUT}/traced", "--cost-model", path, "--recommend")
     assert "speculative config" in out
     assert "mean absolute error" in cli(
-        capsys, "validate", f"{OUT}/run", "--cost-model", path, "--json", "x.json"
+        capsys, "validate", f"{OUT}/run", "--cost-model", path, "--json", f"validate-{form}.json"
     )
     assert "name =" in cli(capsys, "cost-models", "show", path)
 

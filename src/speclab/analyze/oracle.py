@@ -75,21 +75,14 @@ def _simulate_each(
     return results
 
 
-def oracle_gap(
-    records: list[RequestTrace],
-    rows: list[dict[str, Any]] | None,
-    cost_model: Any,
-    cost_model_desc: str,
-    batch_sizes: list[int] | None = None,
-    max_requests: int = DEFAULT_MAX_REQUESTS,
-    seed: int = 42,
-) -> dict[str, Any]:
-    """See module doc. Returns {"status", "cost_model", "rows": [...], "warnings": [...]}."""
-    warnings: list[str] = []
+def _measured(
+    rows: list[dict[str, Any]], warnings: list[str]
+) -> tuple[dict[tuple[str, str, int], dict[str, float]], dict[tuple[str, str], set[tuple[str, int]]]]:
+    """The bench's measured speedups per (workload, batching, batch size) and sweep entry, and the (method, k)
+    pairs measured per (workload, batching)."""
     measured: dict[tuple[str, str, int], dict[str, float]] = defaultdict(dict)
     measured_pairs: dict[tuple[str, str], set[tuple[str, int]]] = defaultdict(set)
     targets = set()
-    rows = rows or []
     for label, row in zip(entry_labels(rows), rows, strict=True):
         if row.get("status") != "ok" or row.get("method") in (None, "none") or row.get("speedup") is None:
             continue
@@ -101,6 +94,51 @@ def oracle_gap(
             measured_pairs[(key[0], key[1])].add((str(row["method"]), int(row["k"])))
     if len(targets) > 1:
         warnings.append(f"results hold several targets ({sorted(map(str, targets))}); measured = best")
+    return measured, measured_pairs
+
+
+def _gap_row(
+    workload: str, batching: str, bs: int, meas: dict[str, float], sim: dict[int, dict[str, float]]
+) -> dict[str, Any]:
+    """One (workload, batching, batch size): the best measured entry beside the simulated oracles."""
+    s = sim.get(bs, {})
+    best_label = max(meas, key=meas.get) if meas else None
+    best = meas.get(best_label) if best_label else None
+    singles = {p: v for p, v in s.items() if p.startswith("oracle:")}
+    best_single = max(singles, key=singles.get) if singles else None
+    fixed_sim = {p: v for p, v in s.items() if p.startswith("fixed:")}
+    best_fixed = max(fixed_sim, key=fixed_sim.get) if fixed_sim else None
+    combine = next((v for p, v in s.items() if p.startswith("oracle-combine:")), None)
+    return {
+        "workload": workload,
+        "batching": batching,
+        "batch_size": bs,
+        "measured": meas,
+        "best_measured": best,
+        "best_measured_method": best_label,
+        "simulated": s,
+        "sim_best_fixed": fixed_sim.get(best_fixed) if best_fixed else None,
+        "sim_best_fixed_policy": best_fixed,
+        "oracle_best_single": singles.get(best_single) if best_single else None,
+        "oracle_best_single_policy": best_single,
+        "oracle_combine": combine,
+        "gap_single": (singles[best_single] / best) if best and best_single else None,
+        "gap_combine": (combine / best) if best and combine else None,
+    }
+
+
+def oracle_gap(
+    records: list[RequestTrace],
+    rows: list[dict[str, Any]] | None,
+    cost_model: Any,
+    cost_model_desc: str,
+    batch_sizes: list[int] | None = None,
+    max_requests: int = DEFAULT_MAX_REQUESTS,
+    seed: int = 42,
+) -> dict[str, Any]:
+    """See module doc. Returns {"status", "cost_model", "rows": [...], "warnings": [...]}."""
+    warnings: list[str] = []
+    measured, measured_pairs = _measured(rows or [], warnings)
 
     by_workload: dict[str, list[RequestTrace]] = defaultdict(list)
     for r in records:
@@ -147,32 +185,8 @@ def oracle_gap(
                 d = res.to_dict()
                 sim[int(d["batch_size"])][str(d["policy"])] = float(d["speedup"])
             for bs in sizes:
-                meas = measured.get((workload, batching, bs), {})
-                s = sim.get(bs, {})
-                best_label = max(meas, key=meas.get) if meas else None
-                best = meas.get(best_label) if best_label else None
-                singles = {p: v for p, v in s.items() if p.startswith("oracle:")}
-                best_single = max(singles, key=singles.get) if singles else None
-                fixed_sim = {p: v for p, v in s.items() if p.startswith("fixed:")}
-                best_fixed = max(fixed_sim, key=fixed_sim.get) if fixed_sim else None
-                combine = next((v for p, v in s.items() if p.startswith("oracle-combine:")), None)
                 out_rows.append(
-                    {
-                        "workload": workload,
-                        "batching": batching,
-                        "batch_size": bs,
-                        "measured": meas,
-                        "best_measured": best,
-                        "best_measured_method": best_label,
-                        "simulated": s,
-                        "sim_best_fixed": fixed_sim.get(best_fixed) if best_fixed else None,
-                        "sim_best_fixed_policy": best_fixed,
-                        "oracle_best_single": singles.get(best_single) if best_single else None,
-                        "oracle_best_single_policy": best_single,
-                        "oracle_combine": combine,
-                        "gap_single": (singles[best_single] / best) if best and best_single else None,
-                        "gap_combine": (combine / best) if best and combine else None,
-                    }
+                    _gap_row(workload, batching, bs, measured.get((workload, batching, bs), {}), sim)
                 )
     if not out_rows:
         return {

@@ -75,7 +75,7 @@ def reference_timing(  # long: mirrors costs.step_costs line by line; split, the
 
     def run(
         order: list[int], slots: int
-    ) -> float:  # long: one engine step per iteration, as written in costs.py
+    ) -> float:  # long: one engine step per iteration, as written in costs.py (the loop the study describes)
         """Run requests through `slots` slots (admitting in order as slots free); returns the makespan."""
         waiting = deque(order)
         running: list[_Req] = []

@@ -80,6 +80,40 @@ def _int_list(v: Any, where: str) -> np.ndarray:
     return np.asarray(v, dtype=np.int64)
 
 
+def _method_traces(
+    d: dict[str, Any], where: str, gen: np.ndarray, k_max: int, lenient_lengths: bool
+) -> tuple[dict[str, MethodTrace], list[str], list[str]]:
+    """One study record's acc_* fields as method traces: (methods, the length fixes made, the acc_* keys whose
+    trace keeps its own length)."""
+    methods: dict[str, MethodTrace] = {}
+    fixed_here: list[str] = []
+    own: list[str] = []
+    for key in sorted(k for k in d if k.startswith("acc_")):
+        v = d[key]
+        if not isinstance(v, dict) or "acc_len" not in v:
+            raise TraceError(f"{where}: field {key}: expected an object with acc_len")
+        acc = _int_list(v["acc_len"], f"{where}: field {key}.acc_len")
+        if len(acc) != len(gen) and (lenient_lengths or key == "acc_ngram"):
+            if not lenient_lengths:
+                raise TraceError(
+                    f"{where}: field {key}.acc_len: has {len(acc)} entries but generated_token_ids "
+                    f"has {len(gen)} (both come from the n-gram run: one entry per generated "
+                    "token expected; --lenient-lengths to truncate/pad)"
+                )
+            acc = np.concatenate([acc[: len(gen)], np.ones(max(0, len(gen) - len(acc)), np.int64)])
+            fixed_here.append(f"{key}.acc_len {len(v['acc_len'])}->{len(gen)}")
+        if len(acc) and (acc.min() < 1 or acc.max() > k_max + 1):
+            p = int(np.flatnonzero((acc < 1) | (acc > k_max + 1))[0])
+            raise TraceError(
+                f"{where}: field {key}.acc_len: value {int(acc[p])} at position {p} out of range "
+                f"1..{k_max + 1} (k_max={k_max})"
+            )
+        if len(acc) != len(gen):
+            own.append(key)
+        methods[_method_for_key(key)] = MethodTrace(k_max=k_max, acc_len=acc, num_proposed=None)
+    return methods, fixed_here, own
+
+
 def import_specdecode_bench(
     paths: list[str | os.PathLike[str]],
     workload: str | None = None,
@@ -127,34 +161,10 @@ def import_specdecode_bench(
                         raise TraceError(f"{where}: field {key}: missing")
                 prompt = _int_list(d["prompt_token_ids"], f"{where}: field prompt_token_ids")
                 gen = _int_list(d["generated_token_ids"], f"{where}: field generated_token_ids")
-                methods: dict[str, MethodTrace] = {}
-                fixed_here: list[str] = []
-                for key in sorted(k for k in d if k.startswith("acc_")):
-                    v = d[key]
-                    if not isinstance(v, dict) or "acc_len" not in v:
-                        raise TraceError(f"{where}: field {key}: expected an object with acc_len")
-                    acc = _int_list(v["acc_len"], f"{where}: field {key}.acc_len")
-                    if len(acc) != len(gen) and (lenient_lengths or key == "acc_ngram"):
-                        if not lenient_lengths:
-                            raise TraceError(
-                                f"{where}: field {key}.acc_len: has {len(acc)} entries but generated_token_ids "
-                                f"has {len(gen)} (both come from the n-gram run: one entry per generated "
-                                "token expected; --lenient-lengths to truncate/pad)"
-                            )
-                        acc = np.concatenate(
-                            [acc[: len(gen)], np.ones(max(0, len(gen) - len(acc)), np.int64)]
-                        )
-                        adjusted += 1
-                        fixed_here.append(f"{key}.acc_len {len(v['acc_len'])}->{len(gen)}")
-                    if len(acc) and (acc.min() < 1 or acc.max() > k_max + 1):
-                        p = int(np.flatnonzero((acc < 1) | (acc > k_max + 1))[0])
-                        raise TraceError(
-                            f"{where}: field {key}.acc_len: value {int(acc[p])} at position {p} out of range "
-                            f"1..{k_max + 1} (k_max={k_max})"
-                        )
-                    if len(acc) != len(gen):
-                        own_len[key] = own_len.get(key, 0) + 1
-                    methods[_method_for_key(key)] = MethodTrace(k_max=k_max, acc_len=acc, num_proposed=None)
+                methods, fixed_here, own = _method_traces(d, where, gen, k_max, lenient_lengths)
+                adjusted += len(fixed_here)
+                for key in own:
+                    own_len[key] = own_len.get(key, 0) + 1
                 if not methods:
                     raise TraceError(f"{where}: field acc_ngram/acc_eagle: no acc_* field found")
                 meta: dict[str, Any] = {"source": "specdecode-bench", "file": path.name, "line": lineno}
