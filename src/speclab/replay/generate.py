@@ -87,6 +87,9 @@ def engine_generate(
         dtype=dtype,
         max_model_len=max(len(p) for p in prompts) + max_tokens,
         max_num_seqs=batch,
+        # eager: the engine starts in seconds, where compiling takes over a minute for each new prompt set
+        # (max_model_len changes); greedy fp32 tokens are the same (docs/results/2026-12-03-trace-generation.md)
+        enforce_eager=True,
     )
     cell = CellSpec(
         "generate", "continuous", batch, max_tokens, [PromptSpec(f"p{i}", p) for i, p in enumerate(prompts)]
