@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import math
@@ -85,3 +86,33 @@ def simulate_rows_finite(out: str) -> bool:
     return bool(rows) and all(
         all(ok(r[k]) for k in keys) and all(ok(v) for v in r["time_split_s"].values()) for r in rows
     )
+
+
+# a small cost model that prices n-gram drafting (the reliability tests' valid model)
+NGRAM_MODEL = """
+[target]
+kv = 4e-8
+batched = 2e-5
+const = 6e-3
+[overhead]
+per_step = 1.2e-3
+[draft.ngram]
+form = "verify_fraction"
+fraction = 0.006
+"""
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every entry under root: a file's sha256, a symlink's target, a directory's mark."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = "-> " + os.readlink(p)
+            elif p.is_file():
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+            else:
+                out[rel] = "dir" if p.is_dir() else "other"
+    return out

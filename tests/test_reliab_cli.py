@@ -9,26 +9,25 @@ import time
 
 import pytest
 
-from reliab_helpers import cli, simulate_rows_finite, study_line, write_study  # tests/ is on sys.path
+from reliab_helpers import (  # tests/ is on sys.path
+    NGRAM_MODEL,
+    cli,
+    simulate_rows_finite,
+    study_line,
+    write_study,
+)
 from speclab.traces import read_store
 from speclab.traces.store import SCHEMA
 
-GOOD_MODEL = """
-[target]
-kv = 4e-8
-batched = 2e-5
-const = 6e-3
-[overhead]
-per_step = 1.2e-3
-[draft.ngram]
-form = "verify_fraction"
-fraction = 0.006
-[draft.eagle]
+GOOD_MODEL = (
+    NGRAM_MODEL
+    + """[draft.eagle]
 form = "linear"
 kv = 2e-9
 num_spec = 8e-7
 const = 2e-3
 """
+)
 
 
 @pytest.fixture(scope="module")

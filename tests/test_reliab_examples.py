@@ -4,7 +4,6 @@ before and after (checksums of every file under the test's directory)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -12,20 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from reliab_helpers import cli, cli_subprocess, write_study  # tests/ is on sys.path
+from reliab_helpers import NGRAM_MODEL, cli, cli_subprocess, tree, write_study  # tests/ is on sys.path
 from speclab.traces import read_store
 
-MODEL = """
-[target]
-kv = 4e-8
-batched = 2e-5
-const = 6e-3
-[overhead]
-per_step = 1.2e-3
-[draft.ngram]
-form = "verify_fraction"
-fraction = 0.006
-"""
+MODEL = NGRAM_MODEL
 
 SWEEP = """
 target = "smollm2-135m"
@@ -35,22 +24,6 @@ batch_sizes = [1, 4]
 name = "ngram"
 k = 3
 """
-
-
-def tree(root: Path) -> dict[str, str]:
-    """Every entry under root: a file's sha256, a symlink's target, a directory's mark."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            if p.is_symlink():
-                out[rel] = "-> " + os.readlink(p)
-            elif p.is_file() and not p.is_fifo():
-                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-            else:
-                out[rel] = "dir" if p.is_dir() else "other"
-    return out
 
 
 def refused(root: Path, *argv, needle: str = "") -> str:

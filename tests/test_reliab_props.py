@@ -9,7 +9,6 @@ local run (docs/dev/errors.md):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -24,7 +23,7 @@ pytest.importorskip("hypothesis", reason="the property tests need hypothesis: pi
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from reliab_helpers import cli, cli_subprocess, write_study  # tests/ is on sys.path
+from reliab_helpers import cli, cli_subprocess, tree, write_study  # tests/ is on sys.path
 from speclab.traces import read_store
 
 _LONG = "SPECLAB_FUZZ_EXAMPLES" in os.environ
@@ -40,21 +39,6 @@ def fuzz(n: int = _N) -> settings:
         derandomize=not _LONG,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-
-
-def tree(root: Path) -> dict[str, str]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            if p.is_symlink():
-                out[rel] = "-> " + os.readlink(p)
-            elif p.is_file():
-                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-            else:
-                out[rel] = "dir"
-    return out
 
 
 def one_line_or_ok(res) -> None:

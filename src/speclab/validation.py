@@ -17,7 +17,7 @@ import difflib
 import json
 import math
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from speclab.errors import ConfigError, SpeclabError
@@ -102,35 +102,43 @@ def check_depth(value: Any, where: str, error: type[SpeclabError] = ConfigError)
     return value
 
 
-def loads_json(text: str | bytes, where: str, error: type[SpeclabError] = ConfigError) -> Any:
-    """json.loads with every failure as one line naming `where` (and the line and column)."""
+def _parse(
+    text: str | bytes,
+    where: str,
+    error: type[SpeclabError],
+    kind: str,
+    parse: Callable[[Any], Any],
+    syntax_error: type[ValueError],
+    describe: Callable[[Any], str],
+) -> Any:
+    """parse(text) with every failure as one line naming `where`: too large, a syntax error (`describe`d),
+    too deep, or a value Python refuses (an integer of more than 4300 digits); then the depth check."""
     if len(text) > MAX_TEXT_BYTES:
         raise error(f"{where}: larger than {MAX_TEXT_BYTES >> 20} MiB")
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise error(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+        value = parse(text)
+    except syntax_error as exc:
+        raise error(f"{where}: {describe(exc)}") from None
     except RecursionError:
         raise error(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
-    except ValueError as exc:  # an integer of more than 4300 digits
-        raise error(f"{where}: not usable JSON ({exc})") from None
+    except ValueError as exc:
+        raise error(f"{where}: not usable {kind} ({exc})") from None
     return check_depth(value, where, error)
+
+
+def loads_json(text: str | bytes, where: str, error: type[SpeclabError] = ConfigError) -> Any:
+    """json.loads with every failure as one line naming `where` (and the line and column)."""
+    return _parse(
+        text, where, error, "JSON", json.loads, json.JSONDecodeError,
+        lambda e: f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})",
+    )  # fmt: skip
 
 
 def loads_toml(text: str, where: str, error: type[SpeclabError] = ConfigError) -> dict[str, Any]:
-    """tomllib.loads with every failure as one line naming `where`."""
-    if len(text) > MAX_TEXT_BYTES:
-        raise error(f"{where}: larger than {MAX_TEXT_BYTES >> 20} MiB")
-    try:
-        value = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        # the message ends with "(at line L, column C)"
-        raise error(f"{where}: malformed TOML: {exc}") from None
-    except RecursionError:
-        raise error(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
-    except ValueError as exc:  # an integer of more than 4300 digits
-        raise error(f"{where}: not usable TOML ({exc})") from None
-    return check_depth(value, where, error)
+    """tomllib.loads with every failure as one line naming `where` (the message ends with its line, column)."""
+    return _parse(
+        text, where, error, "TOML", tomllib.loads, tomllib.TOMLDecodeError, lambda e: f"malformed TOML: {e}"
+    )
 
 
 def is_finite_number(v: Any) -> bool:
