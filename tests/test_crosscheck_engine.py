@@ -35,7 +35,8 @@ def run_engine(run_dir: Path, method: str, workload: str, limit: int, max_tokens
     from vllm import LLM, SamplingParams
 
     from speclab.models.prepare import resolve_model
-    from speclab.traces import RequestTrace, append_to_store
+    from speclab.replay.generate import output_record
+    from speclab.traces import append_to_store
     from speclab.workloads import load_workload, render_prompt
 
     target = str(resolve_model("smollm2-135m", prepare=False))
@@ -72,27 +73,14 @@ def run_engine(run_dir: Path, method: str, workload: str, limit: int, max_tokens
         for pr, pid, o in zip(prompts, ids, outs, strict=True):
             m = o.outputs[0].spec_decode_metrics.to_dict()
             out_ids = list(o.outputs[0].token_ids)
-            recs.append(
-                RequestTrace(
-                    id=f"{cell_id}:{pr.id}",
-                    workload=pr.workload,
-                    category=pr.category,
-                    prompt_len=len(pid),
-                    output_len=len(out_ids),
-                    prompt_token_ids=pid,
-                    output_token_ids=out_ids,
-                    meta={
-                        "cell_id": cell_id,
-                        "finish_reason": o.outputs[0].finish_reason,
-                        "observed": {
-                            "method": trace_name,
-                            "k": k,
-                            "per_step_accepted": list(m["per_step_accepted"]),
-                            "per_step_drafted": list(m["per_step_drafted"]),
-                        },
-                    },
-                )
-            )
+            observed = {
+                "method": trace_name,
+                "k": k,
+                "per_step_accepted": list(m["per_step_accepted"]),
+                "per_step_drafted": list(m["per_step_drafted"]),
+            }
+            meta = {"cell_id": cell_id, "finish_reason": o.outputs[0].finish_reason, "observed": observed}
+            recs.append(output_record(pr, pid, out_ids, meta, rid=f"{cell_id}:{pr.id}"))
         append_to_store(run_dir / "traces", recs, tag=cell_id)
         opts = {k_: v for k_, v in spec.items() if k_ not in ("method", "num_speculative_tokens")}
         row = {"cell_id": cell_id, "status": "ok", "method": spec["method"], "k": k, "workload": wl,

@@ -47,6 +47,12 @@ def one_line_or_ok(res) -> None:
         res.error_line()
 
 
+def _simulate_csv(store: Path, out: Path) -> tuple:
+    """A simulate run of one small policy that writes its rows to `out` as CSV."""
+    return ("simulate", "--traces", store, "--cost-model", "llama3.1-8b-h100", "--policy", "fixed:ngram:3",
+            "--batch-sizes", "1", "--csv", out)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("props")
@@ -108,19 +114,7 @@ def test_an_output_that_is_an_input_is_refused(base, alias, command, force):
         argv = {
             "export": ("traces", "export", inp, "--out", out),
             "fit": ("cost-models", "fit", inp, "--out", out),
-            "csv": (
-                "simulate",
-                "--traces",
-                inp,
-                "--cost-model",
-                "llama3.1-8b-h100",
-                "--policy",
-                "fixed:ngram:3",
-                "--batch-sizes",
-                "1",
-                "--csv",
-                out,
-            ),  # fmt: skip
+            "csv": _simulate_csv(inp, out),
             "import-parquet": ("traces", "import", "--format", "specdecode-bench", inp, "--out", out),
         }[command]
         before = tree(t)
@@ -142,17 +136,7 @@ def test_an_unwritable_output_is_refused_before_any_work(base, where, what):
         (base / "plain").write_text("x")
         out = base / "plain" / "out.csv"
     argv = {
-        "csv": (
-            "simulate",
-            "--traces",
-            base / "s.parquet",
-            "--policy",
-            "fixed:ngram:3",
-            "--batch-sizes",
-            "1",
-            "--csv",
-            out,
-        ),  # fmt: skip
+        "csv": _simulate_csv(base / "s.parquet", out),
         "export": ("traces", "export", base / "s.parquet", "--out", out),
         "store": (
             "traces",

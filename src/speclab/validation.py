@@ -5,7 +5,8 @@
 - JSON and TOML: `loads_json` and `loads_toml` turn every parser failure (malformed text, a number with
   thousands of digits, nesting deeper than the parser can follow) into one line naming the source, and
   refuse documents nested deeper than MAX_DEPTH or larger than MAX_TEXT_BYTES;
-- keys: `unknown_keys` names the keys a table may not have, with the nearest known name for a typo.
+- keys: `unknown_keys` names the keys a table may not have, with the nearest known name for a typo;
+  `unknown_fields` lists every field a sweep table may not have, with all the known ones.
 
 Every check raises the error class it is given (ConfigError by default), so a trace, a workload and a sweep
 each keep their own kind of error.
@@ -195,3 +196,14 @@ def unknown_keys(
     also = f" (and {', '.join(bad[1:])})" if len(bad) > 1 else ""
     listing = f"; known: {', '.join(known)}" if list_known else ""
     raise error(f"{where}: unknown key {bad[0]!r}{near_miss(bad[0], known)}{also}{listing}")
+
+
+def unknown_fields(
+    keys: Iterable[str], known: Iterable[str], where: str, error: type[SpeclabError] = ConfigError
+) -> None:
+    """Refuse the keys of a sweep table not in `known`: '<where>: unknown field(s): a, b (known: ...)', the
+    unknown ones sorted, the known ones in the order given."""
+    known = list(known)
+    bad = sorted(set(keys) - set(known))
+    if bad:
+        raise error(f"{where}: unknown field(s): {', '.join(bad)} (known: {', '.join(known)})")

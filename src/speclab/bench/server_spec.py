@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from speclab.errors import ConfigError
+from speclab.validation import unknown_fields
 
 SERVER_KEYS = {
     "request_rates",
@@ -70,11 +71,7 @@ def parse_server(d: Any, src: str) -> ServerSpec:
     where = f"{src}: server"
     if not isinstance(d, dict):
         raise ConfigError(f"{where}: expected a table ([server])")
-    unknown = sorted(set(d) - SERVER_KEYS)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown field(s): {', '.join(unknown)} (known: {', '.join(sorted(SERVER_KEYS))})"
-        )
+    unknown_fields(d, sorted(SERVER_KEYS), where)
     rates_raw = d.get("request_rates", [])
     conc_raw = d.get("concurrency", [])
     if not isinstance(rates_raw, list):

@@ -73,7 +73,7 @@ from speclab.bench.spec_methods import (
 )
 from speclab.engine.protocol import BATCHING, DTYPES
 from speclab.errors import ConfigError
-from speclab.validation import MAX_BATCH_SIZE, MAX_PROMPTS, MAX_SEED, loads_toml, number
+from speclab.validation import MAX_BATCH_SIZE, MAX_PROMPTS, MAX_SEED, loads_toml, number, unknown_fields
 
 __all__ = [
     "METHOD_KEYS",
@@ -198,11 +198,7 @@ def _engine(data: dict[str, Any], src: str, sizes: list[int], max_tokens: int) -
     engine = data.get("engine", {})
     if not isinstance(engine, dict):
         raise ConfigError(f"{src}: field engine: expected a table ([engine])")
-    bad = sorted(set(engine) - ENGINE_KEYS)
-    if bad:
-        raise ConfigError(
-            f"{src}: engine: unknown field(s): {', '.join(bad)} (known: {', '.join(sorted(ENGINE_KEYS))})"
-        )
+    unknown_fields(engine, sorted(ENGINE_KEYS), f"{src}: engine")
     max_model_len = _int(engine.get("max_model_len", 2048), f"{src}: engine.max_model_len", 16, MAX_MODEL_LEN)
     enforce_eager = engine.get("enforce_eager", False)
     if not isinstance(enforce_eager, bool):
@@ -287,11 +283,7 @@ def _methods(data: dict[str, Any], src: str, workloads: list[str], sizes: list[i
 def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
     """Check a parsed TOML document and build the sweep. Raises ConfigError (one line) on bad input."""
     src = source
-    unknown = sorted(set(data) - TOP_KEYS)
-    if unknown:
-        raise ConfigError(
-            f"{src}: unknown field(s): {', '.join(unknown)} (known: {', '.join(sorted(TOP_KEYS))})"
-        )
+    unknown_fields(data, sorted(TOP_KEYS), src)
     if "target" not in data:
         raise ConfigError(f"{src}: field target: missing (preset name, checkpoint dir or hub id)")
     target = _str(data["target"], f"{src}: field target")

@@ -12,7 +12,7 @@ import ast
 import functools
 import importlib.util
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +42,7 @@ class MethodEntry:
             self.label = "none" if self.name == "none" else f"{self.name}-k{self.k}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "k": self.k,
-            "options": self.options,
-            "label": self.label,
-            "workloads": self.workloads,
-            "batch_sizes": self.batch_sizes,
-        }
+        return asdict(self)
 
 
 @functools.cache

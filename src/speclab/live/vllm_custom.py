@@ -73,12 +73,7 @@ class SpeclabAdaptiveProposer(_Base):
             suffix=o.get("suffix"),
         )
 
-    def propose(
-        self,
-        sampled_token_ids: list[list[int]],
-        num_tokens_no_spec: np.ndarray,
-        token_ids_cpu: np.ndarray,
-        slot_mappings: Any = None,
-        **_: Any,
+    def drafts(
+        self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
     ) -> list[list[int]]:
         return self.driver.step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)

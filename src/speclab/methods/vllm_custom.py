@@ -67,6 +67,23 @@ class _Base:
         # No model: the CPU runner calls this unconditionally.
         pass
 
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings: Any = None,
+        **_: Any,
+    ) -> list[list[int]]:
+        """vLLM's call every step: one list of 0..k draft ids per running row."""
+        return self.drafts(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+
+    def drafts(
+        self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
+    ) -> list[list[int]]:
+        """The drafts per row from each row's newly sampled tokens, its context length and token ids."""
+        raise NotImplementedError
+
 
 class SpeclabNgramProposer(_Base):
     """vLLM's n-gram rules, computed by speclab.methods.ngram (same skip rules as the built-in)."""
@@ -93,13 +110,8 @@ class SpeclabNgramProposer(_Base):
             if self.kernel is None:
                 raise ValueError(f"{OPTIONS_ENV}: ngram impl 'vllm' needs an importable vLLM")
 
-    def propose(
-        self,
-        sampled_token_ids: list[list[int]],
-        num_tokens_no_spec: np.ndarray,
-        token_ids_cpu: np.ndarray,
-        slot_mappings: Any = None,
-        **_: Any,
+    def drafts(
+        self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
     ) -> list[list[int]]:
         out: list[list[int]] = []
         for i, sampled in enumerate(sampled_token_ids):
@@ -134,13 +146,8 @@ class SpeclabSuffixProposer(_Base):
         # context hash after the last step -> request ids (a list: replicated copies share contexts)
         self.ids: dict[bytes, list[str]] = {}
 
-    def propose(
-        self,
-        sampled_token_ids: list[list[int]],
-        num_tokens_no_spec: np.ndarray,
-        token_ids_cpu: np.ndarray,
-        slot_mappings: Any = None,
-        **_: Any,
+    def drafts(
+        self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
     ) -> list[list[int]]:
         out: list[list[int]] = []
         ids: dict[bytes, list[str]] = {}

@@ -18,6 +18,7 @@ from typing import Any
 
 from speclab.errors import SpeclabError
 from speclab.traces import RequestTrace
+from speclab.workloads.base import Prompt
 
 GENERATORS = ("engine", "transformers")
 MAX_BATCH = 256  # requests in flight at once on the engine (vLLM queues the rest)
@@ -54,18 +55,28 @@ def generate_records(
     else:
         outputs = transformers_generate(ids, path, max_tokens, eos=tok.eos_token_id, threads=threads)
     return [
-        RequestTrace(
-            id=pr.id,
-            workload=pr.workload,
-            category=pr.category,
-            prompt_len=len(p),
-            output_len=len(gen),
-            prompt_token_ids=p,
-            output_token_ids=gen,
-            meta={"source": "trace-generate", "target": str(path), "truncated_prompt": truncated},
+        output_record(
+            pr, p, gen, {"source": "trace-generate", "target": str(path), "truncated_prompt": truncated}
         )
         for pr, (p, truncated), gen in zip(prompts, rendered, outputs, strict=True)
     ]
+
+
+def output_record(
+    prompt: Prompt, prompt_ids: list[int], output_ids: list[int], meta: dict[str, Any], rid: str | None = None
+) -> RequestTrace:
+    """The record of one generated request, ready for replay: the prompt's workload and category, its token ids
+    and the output's, no method traces. rid: the record's id (default: the prompt's)."""
+    return RequestTrace(
+        id=prompt.id if rid is None else rid,
+        workload=prompt.workload,
+        category=prompt.category,
+        prompt_len=len(prompt_ids),
+        output_len=len(output_ids),
+        prompt_token_ids=prompt_ids,
+        output_token_ids=output_ids,
+        meta=meta,
+    )
 
 
 def engine_generate(

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from speclab.errors import ConfigError, SpeclabError
-from speclab.workloads.files import FileWorkload, bench_notes, file_fingerprint, load_file
+from speclab.validation import unknown_fields
+from speclab.workloads.files import FileWorkload, bench_notes, file_fingerprint
 from speclab.workloads.registry import register_file_workload, resolve_file_name
 
 __all__ = [
     "FileWorkload",
     "bench_notes",
     "file_fingerprint",
-    "load_file",
     "register_file_workload",
     "resolve_file_name",
     "workload_tables",
@@ -37,9 +37,7 @@ def workload_tables(v: dict[str, Any], src: str) -> tuple[list[str], dict[str, d
         where = f"{src}: workloads.{name}"
         if not isinstance(t, dict):
             raise ConfigError(f"{where}: expected a table ({', '.join(TABLE_KEYS)})")
-        bad = sorted(set(t) - set(TABLE_KEYS))
-        if bad:
-            raise ConfigError(f"{where}: unknown field(s): {', '.join(bad)} (known: {', '.join(TABLE_KEYS)})")
+        unknown_fields(t, TABLE_KEYS, where)
         if t:
             if not isinstance(t.get("path"), str) or not t["path"].strip():
                 raise ConfigError(f"{where}: field path: missing (the prompts file or request log)")

@@ -327,29 +327,6 @@ def parse_file(
 _CACHE: dict[tuple, ParsedFile] = {}
 
 
-def load_file(
-    path: str | os.PathLike[str],
-    fmt: str = "auto",
-    workload: str | None = None,
-    category: str | None = None,
-    skip_invalid: bool = False,
-) -> ParsedFile:
-    """parse_file, read once per version of the file (its size and modification time) in this process."""
-    p = Path(path).expanduser()
-    try:
-        st = p.stat()
-        stamp: tuple | None = (str(p.resolve()), st.st_mtime_ns, st.st_size)
-    except OSError:
-        stamp = None  # parse_file says what is wrong
-    key = (stamp, fmt, workload, category, skip_invalid)
-    if stamp is None or key not in _CACHE:
-        parsed = parse_file(p, fmt, workload, category, skip_invalid)
-        if stamp is None:
-            return parsed
-        _CACHE[key] = parsed
-    return _CACHE[key]
-
-
 @dataclass(frozen=True)
 class FileWorkload:
     name: str
@@ -359,7 +336,16 @@ class FileWorkload:
     skip_invalid: bool = False
 
     def parsed(self) -> ParsedFile:
-        return load_file(self.path, self.format, self.name, self.category, self.skip_invalid)
+        """parse_file, read once per version of the file (its size and modification time) in this process."""
+        p = Path(self.path).expanduser()
+        try:
+            st = p.stat()
+            key = (self, str(p.resolve()), st.st_mtime_ns, st.st_size)
+        except OSError:  # parse_file says what is wrong
+            return parse_file(p, self.format, self.name, self.category, self.skip_invalid)
+        if key not in _CACHE:
+            _CACHE[key] = parse_file(p, self.format, self.name, self.category, self.skip_invalid)
+        return _CACHE[key]
 
     def info(self) -> WorkloadInfo:
         pf = self.parsed()
