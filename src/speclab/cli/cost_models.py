@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from speclab.cli.options import choice_option
+
 
 @click.group(name="cost-models")
 def command() -> None:
@@ -37,25 +39,22 @@ def show_cmd(name: str) -> None:
     "--out", "out", required=True, type=click.Path(dir_okay=False), help="Cost model TOML to write."
 )
 @click.option("--name", default=None, help="Model name (default: the CSV's file name).")
-@click.option(
+@choice_option(
     "--draft-form",
-    type=click.Choice(["linear", "chained", "forwards"]),
+    choices=["linear", "chained", "forwards"],
     default="linear",
-    show_default=True,
     help="Form for model proposers (lookup proposers are always a fraction of verify time).",
 )
-@click.option(
+@choice_option(
     "--overhead-form",
-    type=click.Choice(["mean", "linear"]),
+    choices=["mean", "linear"],
     default="mean",
-    show_default=True,
     help="Overhead per step: the mean, or linear in scheduled requests and verified draft tokens.",
 )
-@click.option(
+@choice_option(
     "--target-form",
-    type=click.Choice(["linear", "piecewise", "table"]),
+    choices=["linear", "piecewise", "table"],
     default="linear",
-    show_default=True,
     help="Target forward: the study's linear form (every row); piecewise with one knee "
     "(weights-bound below, compute-bound above; fitted on decode/verify rows); or table: piecewise plus "
     "the measured time of each batched-token count seen in >= 20 rows (CPU kernels are not monotone).",

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from speclab.cli import batch_size_list
+from speclab.cli.options import choice_option
 from speclab.cli.simulate_output import PLOT_FORMATS, emit, recommend_and_print
 from speclab.errors import ConfigError
 from speclab.outputs import output_files
@@ -73,18 +74,16 @@ def _unique_stores(stores: tuple[str, ...]) -> list[str]:
 @click.option(
     "--policy", "policies", multiple=True, help="none | fixed:M:K | oracle:M | oracle-combine:M1,M2 | ..."
 )
-@click.option(
+@choice_option(
     "--batching",
-    type=click.Choice(["replicate", "static", "continuous"]),
+    choices=["replicate", "static", "continuous"],
     default="continuous",
-    show_default=True,
 )
 @click.option("--batch-sizes", default="1,8,16,32,64,128", show_default=True)
-@click.option(
+@choice_option(
     "--aggregate",
-    type=click.Choice(["total", "study"]),
+    choices=["total", "study"],
     default="total",
-    show_default=True,
     help="total: output tokens / total time. study: the study's 300-request sample and mean-over-batches.",
 )
 @click.option(
@@ -93,41 +92,36 @@ def _unique_stores(stores: tuple[str, ...]) -> list[str]:
     help="Study guess of n-gram lookup misses where traces lack proposal counts: "
     "instructcoder|cnn|sharegpt|gsm8k|auto|P (auto = from each request's workload).",
 )
-@click.option(
+@choice_option(
     "--combine-draft",
-    type=click.Choice(["auto", "chosen", "ngram"]),
+    choices=["auto", "chosen", "ngram"],
     default="auto",
-    show_default=True,
     help="oracle-combine drafting charged as the chosen method, or as n-gram (the study; auto under study).",
 )
-@click.option(
+@choice_option(
     "--linear-draft-kv",
-    type=click.Choice(["batch", "request"]),
+    choices=["batch", "request"],
     default="batch",
-    show_default=True,
     help="kv_tokens in the study's linear drafting form: the batch's, or each request's own (then max).",
 )
-@click.option(
+@choice_option(
     "--continuous-measure",
-    type=click.Choice(["steady", "makespan"]),
+    choices=["steady", "makespan"],
     default="steady",
-    show_default=True,
     help="continuous batching: headline figures from the steady state (all B slots busy, requests "
     "re-admitted) or the single pass's makespan (the other is reported beside it).",
 )
-@click.option(
+@choice_option(
     "--lengths",
-    type=click.Choice(["own", "common"]),
+    choices=["own", "common"],
     default="own",
-    show_default=True,
     help="own: each policy over its methods' trace lengths (combine: the shorter), against a baseline over "
     "the same; common: every policy over the shortest length of all methods used.",
 )
-@click.option(
+@choice_option(
     "--rules",
-    type=click.Choice(["auto", "speclab", "study"]),
+    choices=["auto", "speclab", "study"],
     default="auto",
-    show_default=True,
     help="Step rules: the study's (auto with --batching replicate --aggregate study) or speclab's.",
 )
 @click.option("--switch-overhead", type=float, default=None, help="Seconds per step with a method switch.")

@@ -10,10 +10,9 @@ from typing import Any
 import click
 
 from speclab.catalog import NGRAM_MAX_N, NGRAM_MIN_N
+from speclab.cli.options import INT32_MAX, choice_option, limit_option
 from speclab.errors import ConfigError
-from speclab.validation import MAX_PROMPTS
 
-INT32_MAX = (1 << 31) - 1
 _COUNT = click.IntRange(1, 1 << 24)  # lengths, depths and n-gram sizes: bounded, so nothing overflows
 
 _METHODS_HELP = (
@@ -88,13 +87,7 @@ def _progress(desc: str):
     help="Generate outputs on the spot for this workload (a name, or file:PATH; needs --target).",
 )
 @click.option("--target", default=None, help="Target model (preset name or checkpoint) for --workload.")
-@click.option(
-    "--limit",
-    type=click.IntRange(1, MAX_PROMPTS),
-    default=20,
-    show_default=True,
-    help="Prompts of --workload to generate.",
-)
+@limit_option("Prompts of --workload to generate.", default=20)
 @click.option(
     "--max-tokens",
     type=click.IntRange(1, INT32_MAX),
@@ -102,11 +95,10 @@ def _progress(desc: str):
     show_default=True,
     help="Output tokens per request for --workload.",
 )
-@click.option(
+@choice_option(
     "--generator",
-    type=click.Choice(["engine", "transformers"]),
+    choices=["engine", "transformers"],
     default="engine",
-    show_default=True,
     help="--workload outputs from: engine (all prompts batched on a vLLM engine, as the bench runs them) or "
     "transformers (one request at a time, no vLLM needed; slower). Greedy fp32 either way, same tokens.",
 )

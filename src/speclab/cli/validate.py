@@ -7,15 +7,17 @@ from pathlib import Path
 
 import click
 
+from speclab.cli.options import choice_option
+
 
 @click.command(name="validate")
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
 @click.option(
     "--cost-model", default=None, help="Cost model name or .toml path (default: fitted from RUN/timings.csv)."
 )
-@click.option("--fit", type=click.Choice(["linear", "best"]), default="best", show_default=True,
-              help="Without --cost-model: the profile's best forms on held-out steps, or linear (as "
-                   "`cost-models fit`).")  # fmt: skip
+@choice_option("--fit", choices=["linear", "best"], default="best",
+                help="Without --cost-model: the profile's best forms on held-out steps, or linear (as "
+                     "`cost-models fit`).")  # fmt: skip
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
               help="Where to write the JSON (default: RUN/validation.json; '-' for stdout).")  # fmt: skip
 @click.option(

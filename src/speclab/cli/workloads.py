@@ -6,7 +6,8 @@ import json
 
 import click
 
-from speclab.validation import MAX_PROMPTS, MAX_SEED
+from speclab.cli.options import choice_option, limit_option, seed_option
+from speclab.validation import MAX_PROMPTS
 
 
 def _load(name: str, limit: int | None, seed: int, source: str | None) -> list:
@@ -32,13 +33,7 @@ _common = [
     click.option(
         "--limit", type=click.IntRange(0, MAX_PROMPTS), default=None, help="At most this many prompts."
     ),
-    click.option(
-        "--seed",
-        type=click.IntRange(0, MAX_SEED),
-        default=0,
-        show_default=True,
-        help="Sampling / generation seed.",
-    ),
+    seed_option("Sampling / generation seed.", default=0),
     click.option(
         "--source",
         type=click.Path(exists=True),
@@ -163,12 +158,11 @@ def export_cmd(
 
 @command.command(name="inspect")
 @click.argument("path")
-@click.option(
+@choice_option(
     "--format",
     "fmt",
-    type=click.Choice(["auto", "prompts", "chat", "request-log"]),
+    choices=["auto", "prompts", "chat", "request-log"],
     default="auto",
-    show_default=True,
     help="The file's format (auto: detected from its first line).",
 )
 @click.option(
@@ -183,19 +177,8 @@ def export_cmd(
     default=None,
     help="Also count the prompts longer than this (needs --tokenizer).",
 )
-@click.option(
-    "--limit",
-    type=click.IntRange(1, MAX_PROMPTS),
-    default=None,
-    help="Inspect the sample a sweep would draw.",
-)
-@click.option(
-    "--seed",
-    type=click.IntRange(0, MAX_SEED),
-    default=42,
-    show_default=True,
-    help="Sampling seed for --limit (the sweeps' 42).",
-)
+@limit_option("Inspect the sample a sweep would draw.")
+@seed_option("Sampling seed for --limit (the sweeps' 42).", default=42)
 @click.option("--skip-invalid", is_flag=True, help="Leave malformed lines out (counted) instead of refusing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def inspect_cmd(
