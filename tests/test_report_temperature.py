@@ -3,6 +3,7 @@ SD methods (made-up numbers; the target's name says so)."""
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -55,7 +56,7 @@ def sampled_rows(workload: str = "offline-chat") -> list[dict]:
             rows.append({**common, "cell_id": base_id, "method": "none", "k": None, "throughput_tok_s": 50.0})
             for method in ("ngram", "eagle"):
                 pairs = PAIRS[(method, bs, t)]
-                acc = [round(0.7 * (1 - t / 1.2) ** (j + 1), 3) for j in range(3)]
+                acc = [round(0.7 * 0.8**j * (1 - t / 1.2) ** (j + 1), 3) for j in range(3)]
                 row = {
                     **common,
                     "cell_id": f"{workload}-{method}-k3-bs{bs}-t{t}",
@@ -141,6 +142,10 @@ def test_section_table_matches_the_rows(sampled_report):
     assert "far below the replayed expectation" in got[("offline-chat", 4, "T = 1", "eagle@k3")][11]
     assert got[("offline-chat", 1, "T = 0", "ngram@k3")][11] == "-"
     assert "2 cell(s) flagged" in sec
+    words = {(w["batch_size"], w["configuration"]): w["says"] for w in sentences(cells(rows))}
+    assert words[(4, "eagle@k3")].endswith("(engine fault flagged at T = 1)")
+    recs = {(r[2], r[3]): r for r in table_rows(sec, "Recommendations per temperature")}
+    assert recs[("4", "T = 1")][8].startswith("engine fault flagged on eagle@k3; ")
 
 
 def test_plots_written(sampled_report):
@@ -156,10 +161,15 @@ def test_recommendations_in_words_follow_the_verdicts(sampled_report):
     words = {(w["batch_size"], w["configuration"]): w["says"] for w in sentences(cells(rows))}
     assert words[(1, "ngram@k3")] == (
         "pays at T = 0 (1.30x) and stops at T >= 0.7: T = 0.7 (0.90x), T = 1 (0.85x)"
+        " (engine fault flagged at T = 1)"
+    )
+    assert (
+        words[(4, "ngram@k3")]
+        == "pays at T = 0 (1.12x) and stops at T >= 0.7: T = 0.7 (0.82x), T = 1 (0.80x)"
     )
     assert words[(1, "eagle@k3")] == "pays at T = 0 (1.55x); cannot tell at T = 0.7 (1.02x), T = 1 (0.99x)"
     sec = section_html(path.read_text())
-    assert "pays at T = 0 (1.30x) and stops at T &gt;= 0.7" in sec
+    assert "pays at T = 0 (1.12x) and stops at T &gt;= 0.7" in sec
     # per temperature, the best configuration by the recommendation rules
     recs = {(r[2], r[3]): r for r in table_rows(sec, "Recommendations per temperature")}
     assert recs[("1", "T = 0")][4] == "eagle@k3" and recs[("1", "T = 0")][6] == "use SD"
@@ -177,8 +187,8 @@ def test_says_cannot_tell_with_too_few_pairs():
             r["speedup_runs"] = r["speedup_runs"][:2]
     w = {(s["batch_size"], s["configuration"]): s["says"] for s in sentences(cells(rows))}
     assert (
-        w[(1, "ngram@k3")]
-        == "cannot tell at any temperature measured: T = 0 (1.29x), T = 0.7 (0.89x), T = 1 (0.84x)"
+        w[(4, "ngram@k3")]
+        == "cannot tell at any temperature measured: T = 0 (1.11x), T = 0.7 (0.81x), T = 1 (0.79x)"
     )
     assert "pays" not in w[(4, "eagle@k3")]
 
@@ -218,3 +228,14 @@ def test_greedy_only_run_has_no_temperature_section(tmp_path, monkeypatch):
     greedy = [r for r in rows if r["temperature"] == 0.0]
     assert not has_sampling(greedy) and greedy_view(greedy) is greedy
     assert has_sampling([dict(greedy[0], sampling="as-logged", temperature=None)])
+
+
+def test_temperature_section_fits_a_1300_pixel_window(sampled_report, tmp_path):
+    from test_report_render import CHROMIUM, width_check
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("chromium not installed: cannot render the report")
+    path, _ = sampled_report
+    width, last, bad = width_check(tmp_path, path, 1300)
+    assert width < 1300 and "across temperatures" in last and "flag" in last  # the section's tables measured
+    assert bad == "", f"overflowing at 1,300 px: {bad}"

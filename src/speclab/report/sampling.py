@@ -176,7 +176,14 @@ def _at(cs: list[dict[str, Any]]) -> str:
 
 def says(cs: list[dict[str, Any]]) -> str:
     """One configuration's cells at one (workload, batching, batch size), in setting order, in words; a
-    setting only counts as paying or not where the noise supports it (`bench.repeats.evidence`)."""
+    setting only counts as paying or not where the noise supports it (`bench.repeats.evidence`). Settings
+    with an engine fault flagged are named at the end."""
+    text = _says(cs)
+    faulty = [c["setting"] for c in cs if c.get("flag") and c["status"] != "failed"]
+    return text + (f" (engine fault flagged at {', '.join(faulty)})" if faulty else "")
+
+
+def _says(cs: list[dict[str, Any]]) -> str:
     cs = [c for c in cs if c["status"] != "failed"]
     if not cs:
         return "no finished cell"
@@ -194,7 +201,7 @@ def says(cs: list[dict[str, Any]]) -> str:
     if faster == fixed[:n] and len(fixed) == len(cs) and all(c["status"] == "slower" for c in fixed[n:]):
         first = fixed[n]["setting"].replace("T = ", "T >= ", 1)
         return f"pays at {_at(faster)} and stops at {first}: {_at(fixed[n:])}"
-    parts = []
+    parts: list[str] = []
     if faster:
         parts.append(f"pays at {_at(faster)}")
     if slower:
@@ -219,11 +226,23 @@ def recs_per_setting(rows: list[dict[str, Any]], noise: dict[str, Any] | None = 
     """The recommendation table's verdicts (best configuration per workload and batch size, the same noise
     rules), computed at each setting on its own rows; each carries `setting`."""
     by: dict[Setting, list[dict[str, Any]]] = defaultdict(list)
+    faulty: dict[tuple[Setting, str, str, int], list[str]] = defaultdict(list)
     for r in labelled(rows):
         by[setting(r)].append(r)
+        if r.get("status") == "ok" and fault(r):
+            key = (
+                setting(r),
+                str(r.get("workload")),
+                str(r.get("batching", "replicate")),
+                int(r["batch_size"]),
+            )
+            faulty[key].append(r["label"])
     out = []
     for s in sorted(by):
         for rec in recommendations(by[s], None, noise):
+            names = faulty.get((s, rec["workload"], rec["batching"], rec["batch_size"]))
+            if names:
+                rec["why"] = f"engine fault flagged on {', '.join(names)}; " + (rec["why"] or "")
             out.append({**rec, "setting": setting_label(s)})
     out.sort(key=lambda r: (r["workload"], r["batching"], r["batch_size"]))
     return out

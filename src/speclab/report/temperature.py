@@ -84,15 +84,14 @@ def section(d: ReportData) -> list[str]:
     flagged = [c for c in cs if c["flag"]]
     if flagged:
         h.append(
-            f'<p class="warn"><b>{len(flagged)} cell(s) flagged</b> (red rows and red crosses): '
-            + esc(
-                "; ".join(
-                    f"{c['workload']} B={c['batch_size']} {c['setting']} {c['configuration']}: {c['flag']}"
-                    for c in flagged[:6]
-                )
-            )  # fmt: skip
-            + (" ..." if len(flagged) > 6 else "")
-            + "</p>"
+            f'<p class="warn"><b>{len(flagged)} cell(s) flagged</b> (red rows in the table, red crosses in the '
+            "plot):</p><ul>"
+            + "".join(
+                f'<li class="warn">{esc(c["workload"])}, batch {c["batch_size"]}, {esc(c["setting"])}, '
+                f"{esc(c['configuration'])}: <b>{esc(c['flag'])}</b></li>"
+                for c in flagged
+            )
+            + "</ul>"
         )
     own = [r for r in rows if r.get("sampling") == "as-logged" and r.get("status") == "ok"]
     if own:

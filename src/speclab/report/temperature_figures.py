@@ -90,7 +90,8 @@ def acceptance_vs_temperature(cs: list[dict[str, Any]]) -> Figure | None:
     names = sorted(panels)
     depth = max(len(p) for c in ok for p in [c["per_pos"]])
     shades = [f"C{i}" for i in range(10)]
-    fig, axes = _grid(len(names), ncols=min(len(names), 4), w=4.2, h=3.2)
+    configurations = len({k[1] for k in names})
+    fig, axes = _grid(len(names), ncols=configurations if configurations <= 4 else 3, w=3.6, h=2.9)
     for ax, key in zip(axes, names, strict=True):
         by_key = panels[key]
         ks = sorted(by_key)
