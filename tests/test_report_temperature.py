@@ -239,3 +239,33 @@ def test_temperature_section_fits_a_1300_pixel_window(sampled_report, tmp_path):
     width, last, bad = width_check(tmp_path, path, 1300)
     assert width < 1300 and "across temperatures" in last and "flag" in last  # the section's tables measured
     assert bad == "", f"overflowing at 1,300 px: {bad}"
+
+
+def test_sampled_only_run_with_an_as_logged_cell(tmp_path, monkeypatch):
+    """A run at T = 0.7 and as logged, no greedy cell: the temperature section carries everything."""
+    fake_simulator(monkeypatch)
+    run = write_synthetic_run(tmp_path / "run", n_per_workload=4)
+    rows = [r for r in sampled_rows() if r["temperature"] == 0.7 and r["batch_size"] == 1]
+    logged = [
+        dict(
+            r,
+            cell_id=r["cell_id"] + "-logged",
+            sampling="as-logged",
+            temperature=None,
+            requests_own_settings=8,
+        )
+        for r in rows
+    ]
+    for r in logged:
+        if r.get("baseline_cell_id"):
+            r["baseline_cell_id"] += "-logged"
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + logged))
+    html = build_report(tmp_path / "rep", run=run, title="SYNTHETIC").read_text()
+    assert "This run has no T = 0 cell (T = 0.7, as logged only)" in html
+    sec = section_html(html)
+    assert "8 of 8 requests with their own logged settings" in sec
+    got = {(r[3], r[4]): r for r in table_rows(sec, "<b>Cells by temperature</b>")}
+    assert got[("as logged", "ngram@k3")][7] == "slower" and got[("T = 0.7", "ngram@k3")][5] == "0.90"
+    words = {w["configuration"]: w["says"] for w in sentences(cells(rows + logged))}
+    assert words["ngram@k3"] == "does not pay at any temperature measured: T = 0.7 (0.90x), as logged (0.90x)"
+    assert (tmp_path / "rep" / "speedup_vs_temperature.png").exists()

@@ -55,10 +55,16 @@ def summary_lines(d: ReportData) -> list[str]:
         return []
     cs = cells(rows, d.noise)
     flagged = [c for c in cs if c["flag"] and c["status"] != "failed"]
-    out = [
-        f"This run measured several sampling settings ({settings_line(rows)}): the summary, tables, plots and "
-        "verdicts above and below are T = 0 only; every setting is in the Temperature section."
-    ]
+    if any(is_greedy(r) for r in rows):
+        out = [
+            f"This run measured several sampling settings ({settings_line(rows)}): the summary, tables, plots "
+            "and verdicts above and below are T = 0 only; every setting is in the Temperature section."
+        ]
+    else:
+        out = [
+            f"This run has no T = 0 cell ({settings_line(rows)} only): the greedy sections have nothing to "
+            "show, and every measured figure is in the Temperature section."
+        ]
     if flagged:
         out.append(
             f"{len(flagged)} sampled cell(s) are flagged as an engine fault (their speedups do not show what "
