@@ -16,7 +16,9 @@ from speclab.report import figures as F
 from speclab.report.html import CSS, esc
 from speclab.report.latency import latency_vs_load
 from speclab.report.recommend import recommendations
-from speclab.report.sections import NAV, SECTIONS, ReportData
+from speclab.report.sampling import cells, greedy_view, has_sampling
+from speclab.report.sections import NAV, SECTIONS, TEMPERATURE_LINK, ReportData
+from speclab.report.temperature_figures import acceptance_vs_temperature, speedup_vs_temperature
 
 
 def _readable(path: Path) -> None:
@@ -61,8 +63,11 @@ def build_report(
 ) -> Path:
     """Write OUT/report.html and OUT/*.png; returns the HTML path."""
     run_path = Path(run) if run else None
-    rows = read_rows(run_path) if run_path else None
-    server_rows = read_rows(run_path, mode="server") if run_path else None
+    all_rows = read_rows(run_path) if run_path else None
+    server_rows_all = read_rows(run_path, mode="server") if run_path else None
+    # the greedy sections read T = 0 only where the run also has sampled cells (the temperature section
+    # reads every setting)
+    rows, server_rows = greedy_view(all_rows), greedy_view(server_rows_all)
     if traces is None and run_path is not None and (run_path / "traces").exists():
         traces = run_path / "traces"
     analysis = _load_analysis(analysis, traces, run_path, cost_model)
@@ -102,6 +107,10 @@ def build_report(
         "overlap": F.overlap_advantage(analysis.get("overlap") or {}),
         "latency": latency_vs_load(server_rows),
     }
+    if has_sampling(all_rows):
+        by_temperature = cells(all_rows or [], noise)
+        figs["temp_speedup"] = speedup_vs_temperature(by_temperature)
+        figs["temp_acceptance"] = acceptance_vs_temperature(by_temperature)
     data = ReportData(
         rows=rows,
         run_path=run_path,
@@ -112,6 +121,8 @@ def build_report(
         command=command,
         server_rows=server_rows,
         noise=noise,
+        all_rows=all_rows,
+        server_rows_all=server_rows_all,
     )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -127,7 +138,7 @@ def build_report(
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body><main>",
         f"<h1>{esc(title)}</h1>",
         f'<p class="sub">Generated {now} by speclab. Run: {esc(run_path or "none")}; traces: {esc(traces or "none")}.</p>',
-        NAV,
+        NAV if not has_sampling(all_rows) else NAV.replace(*TEMPERATURE_LINK),
     ]
     for section in SECTIONS:
         h += section(data)

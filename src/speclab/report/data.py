@@ -24,6 +24,10 @@ class ReportData:
     noise: dict[str, Any] | None = (
         None  # the run's A/A machine noise (RUN/noise.json), None where not measured
     )
+    # every offline / server row at every sampling setting (rows and server_rows: the T = 0 ones where the
+    # run also has sampled cells, report.sampling.greedy_view)
+    all_rows: list[dict[str, Any]] | None = None
+    server_rows_all: list[dict[str, Any]] | None = None
 
     @property
     def acc(self) -> list[dict[str, Any]]:

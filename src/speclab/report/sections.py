@@ -22,8 +22,11 @@ from speclab.report.analysis_sections import acceptance, adaptive, oracle, overl
 from speclab.report.data import ReportData
 from speclab.report.html import esc, figure_or_missing, missing, table
 from speclab.report.recommend import CANNOT_TELL, MARGINAL, headline, stops_paying
+from speclab.report.sampling import has_sampling
+from speclab.report.temperature import section as temperature
+from speclab.report.temperature import summary_lines as temperature_summary
 
-__all__ = ["NAV", "SECTIONS", "ReportData"]
+__all__ = ["NAV", "SECTIONS", "TEMPERATURE_LINK", "ReportData"]
 
 NAV = (
     '<nav><a href="#summary">Summary</a><a href="#speedup">Speedup</a><a href="#recommend">Recommendations</a>'
@@ -31,11 +34,27 @@ NAV = (
     '<a href="#overlap">Overlap</a><a href="#oracle">Oracle gap</a><a href="#adaptive">Adaptive</a><a href="#validation">Validation</a>'
     '<a href="#latency">Latency vs load</a><a href="#inputs">Inputs</a></nav>'
 )
+# (old, new) for NAV where the report has a temperature section
+TEMPERATURE_LINK = (
+    '<a href="#recommend">Recommendations</a>',
+    '<a href="#recommend">Recommendations</a><a href="#temperature">Temperature</a>',
+)
+
+
+def _greedy_note(d: ReportData) -> list[str]:
+    """Where the run also has sampled cells: this section reads the T = 0 cells only."""
+    if not has_sampling(d.all_rows):
+        return []
+    return [
+        '<p class="warn">T = 0 (greedy) cells only: the cells at other temperatures are in the Temperature '
+        "section.</p>"
+    ]
 
 
 def summary(d: ReportData) -> list[str]:
     h = ['<h2 id="summary">Summary: does SD help here?</h2><div class="headline"><ul>']
     h += [f"<li>{esc(line)}</li>" for line in headline(d.recs)]
+    h += [f"<li><b>{esc(line)}</b></li>" for line in temperature_summary(d)]
     if d.rows is None:
         h.append("<li><b>No bench run was given: every speedup here is simulated.</b></li>")
     if d.gap.get("status") == "ok":
@@ -164,7 +183,8 @@ def results_table(rows: list[dict[str, Any]]) -> str:
 
 def speedup(d: ReportData) -> list[str]:
     """The speedup plot beside the results table, so each plotted point can be checked against a number."""
-    h = ['<h2 id="speedup">Speedup vs batch size, and the results table</h2>', '<div class="pair">']
+    h = ['<h2 id="speedup">Speedup vs batch size, and the results table</h2>', *_greedy_note(d)]
+    h.append('<div class="pair">')
     h.append(figure_or_missing(d.figs["speedup"], "No speedup data to plot."))
     if d.rows is not None:
         h.append(
@@ -188,6 +208,7 @@ def recommend(d: ReportData) -> list[str]:
         f"else <b>{CANNOT_TELL}</b>, with what was measured and how many more repeats would decide (why "
         f"column). Best supported speedup &lt; 1.00: <b>SD off</b>; 1.00 to {MARGINAL:.2f}: marginal (faster "
         "beyond the noise, by under 5%). Oracles are bounds and never recommended.</p>",
+        *_greedy_note(d),
     ]
     if not d.recs:
         return h + [missing("No speedup data: no recommendation.")]
@@ -235,6 +256,7 @@ def _stops_paying(rows: list[dict[str, Any]] | None, noise: dict[str, Any] | Non
 def time_and_memory(d: ReportData) -> list[str]:
     return [
         '<h2 id="time">Time split</h2>',
+        *_greedy_note(d),
         figure_or_missing(d.figs["time"], "No time_split_s in the results (no bench run)."),
         '<h2 id="memory">Memory</h2>',
         figure_or_missing(d.figs["memory"], "No memory columns (no bench run)."),
@@ -285,8 +307,19 @@ def validation(d: ReportData) -> list[str]:
 
 
 def _run_config(rows: list[dict[str, Any]]) -> list[list[Any]]:
-    """Distinct values of the columns that describe how the cells were run."""
-    keys = ("target", "dtype", "seed", "max_tokens", "num_prompts", "batching", "method_options")
+    """Distinct values of the columns that describe how the cells were run (the sampling columns too where
+    the run has sampled cells)."""
+    keys: tuple[str, ...] = (
+        "target",
+        "dtype",
+        "seed",
+        "max_tokens",
+        "num_prompts",
+        "batching",
+        "method_options",
+    )
+    if has_sampling(rows):
+        keys += ("sampling", "temperature", "top_p", "top_k")
     out = []
     for k in keys:
         vals = sorted({json.dumps(r.get(k), sort_keys=True) for r in rows if k in r})
@@ -307,7 +340,7 @@ def inputs(d: ReportData) -> list[str]:
         h.append(f"<pre>{esc(json.dumps(d.analysis['inputs'], indent=1))}</pre>")
     if d.rows:
         h.append("<p>Run configuration (distinct values in the results):</p>")
-        h.append(table(["column", "values"], _run_config(d.rows), left=2))
+        h.append(table(["column", "values"], _run_config(d.all_rows or d.rows), left=2))
     if d.run_path:
         for name, text in config_files(d.run_path).items():
             h.append(f"<p>RUN/{esc(name)}:</p><pre>{esc(text)}</pre>")
@@ -333,6 +366,7 @@ SECTIONS = (
     summary,
     speedup,
     recommend,
+    temperature,
     time_and_memory,
     acceptance,
     overlap,
