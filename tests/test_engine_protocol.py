@@ -255,3 +255,32 @@ def test_custom_class_proposer_options_stay_out_of_vllm():
         "num_speculative_tokens": 3,
         "model": "speclab.methods.vllm_custom.SpeclabNgramProposer",
     }
+
+
+def test_prompt_sampling_round_trip_and_checks(tmp_path):
+    s = {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 5, "max_tokens": 12}
+    job = _job()
+    job.cells[0].prompts[0] = PromptSpec("a", [1, 2, 3], sampling=s)
+    write_job(job, tmp_path / "job.json")
+    back = read_job(tmp_path / "job.json")
+    assert back.cells[0].prompts[0].sampling == s
+    assert back.cells[0].prompts[0].max_tokens(16) == 12
+    assert back.cells[0].prompts[1].sampling is None and back.cells[0].prompts[1].max_tokens(16) == 16
+    assert "sampling" not in back.cells[0].prompts[1].to_dict()  # greedy prompts are written as before
+    for bad, message in (
+        ({"temperature": -1}, "temperature: must be a number >= 0"),
+        ({"top_p": 0}, r"top_p: must be in \(0, 1\]"),
+        ({"top_k": 1.5}, "top_k: must be an int >= 0"),
+        ({"max_tokens": 0}, "max_tokens: must be an int >= 1"),
+        ({"temp": 1}, "unknown field"),
+        ([1], "expected an object"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            PromptSpec.from_dict({"id": "a", "prompt_token_ids": [1], "sampling": bad}, "p")
+
+
+def test_a_request_max_tokens_counts_against_the_model_length():
+    job = _job(max_model_len=64)
+    job.cells[0].prompts[0] = PromptSpec("a", [1, 2, 3], sampling={"max_tokens": 62})
+    with pytest.raises(ConfigError, match="exceeds engine.max_model_len"):
+        job.validate()

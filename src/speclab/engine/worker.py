@@ -4,7 +4,8 @@ Starts one vLLM engine for the job's configuration, runs every cell and appends 
 per cell to CELLS.jsonl (flushed), plus profiled step timings to job.timings_csv. Launch it through
 `speclab.engine.launch.launch_worker` so it gets the right environment and its own process.
 
-Engine settings (as the study, adapted to CPU): temperature 0 (greedy), EOS respected, prefix caching off,
+Engine settings (as the study, adapted to CPU): temperature 0 (greedy) unless a request carries its own
+sampling settings (PromptSpec.sampling), EOS respected, prefix caching off,
 async scheduling off, the engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor "uni"),
 per-request detailed spec-decode metrics on, stats logging on (for llm.get_metrics()).
 
@@ -154,17 +155,26 @@ class Engine:
         return mem
 
     # --- driving ---------------------------------------------------------------------------------------
-    def _params(self, max_tokens: int) -> Any:
+    def _params(self, max_tokens: int, sampling: dict[str, Any] | None = None, copy: int = 0) -> Any:
+        """vLLM's SamplingParams for one request: greedy unless its sampling settings say otherwise; copy c
+        of a replicated request draws with seed + c."""
+        s = sampling or {}
+        seed = s.get("seed")
         return self._SamplingParams(
-            temperature=0.0, max_tokens=max_tokens, ignore_eos=False, detokenize=False
+            temperature=float(s.get("temperature", 0.0)),
+            top_p=float(s.get("top_p", 1.0)),
+            top_k=int(s.get("top_k", 0)) or -1,
+            seed=None if seed is None else int(seed) + copy,
+            max_tokens=int(s.get("max_tokens") or max_tokens),
+            ignore_eos=False,
+            detokenize=False,
         )
 
     def drive(
-        self, requests: list[tuple[Any, list[int]]], max_running: int, max_tokens: int
+        self, requests: list[tuple[Any, list[int], Any]], max_running: int
     ) -> tuple[dict[Any, Any], int]:
-        """Run requests with at most max_running in flight, admitting a new one whenever one finishes.
-        Returns {key: RequestOutput} and the number of engine steps."""
-        params = self._params(max_tokens)
+        """Run requests (key, prompt token ids, SamplingParams) with at most max_running in flight, admitting
+        a new one whenever one finishes. Returns {key: RequestOutput} and the number of engine steps."""
         pending = deque(requests)
         running: dict[str, Any] = {}  # request id (internal and external) -> key
         in_flight = 0
@@ -175,7 +185,7 @@ class Engine:
         try:
             while pending or in_flight:
                 while pending and in_flight < max_running:
-                    key, ids = pending.popleft()
+                    key, ids, params = pending.popleft()
                     self._req_counter += 1
                     ext = f"speclab-{self._req_counter}"
                     internal = self.engine.add_request(ext, {"prompt_token_ids": ids}, params)
@@ -214,7 +224,7 @@ class Engine:
     def warmup(self, cell: CellSpec) -> None:
         ids = cell.prompts[0].prompt_token_ids[:32]
         self.profiler.enabled = False
-        done, _ = self.drive([("warmup", ids)], 1, 8)
+        done, _ = self.drive([("warmup", ids, self._params(8))], 1)
         # recorded because a stateful proposer (suffix: the global tree) remembers the warmup's answer,
         # so replaying the engine's proposals (speclab.replay.engine_sim) must feed it too
         comp = done["warmup"].outputs[0]
@@ -240,13 +250,16 @@ class Engine:
         steps = 0
         if cell.batching == "replicate":
             for p in cell.prompts:
-                reqs = [((p.id, c), p.prompt_token_ids) for c in range(cell.batch_size)]
-                done, n = self.drive(reqs, cell.batch_size, cell.max_tokens)
+                reqs = [
+                    ((p.id, c), p.prompt_token_ids, self._params(cell.max_tokens, p.sampling, c))
+                    for c in range(cell.batch_size)
+                ]
+                done, n = self.drive(reqs, cell.batch_size)
                 outputs.update(done)
                 steps += n
         else:
-            reqs = [((p.id, 0), p.prompt_token_ids) for p in cell.prompts]
-            outputs, steps = self.drive(reqs, cell.batch_size, cell.max_tokens)
+            reqs = [((p.id, 0), p.prompt_token_ids, self._params(cell.max_tokens, p.sampling)) for p in cell.prompts]
+            outputs, steps = self.drive(reqs, cell.batch_size)
         elapsed = time.perf_counter() - t0
         stall1 = cpu_stall_us()
         self.profiler.enabled = False
