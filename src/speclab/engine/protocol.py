@@ -188,7 +188,9 @@ class PromptSpec:
         ids = _get(d, "prompt_token_ids", list, where)
         if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise _err(where, "field prompt_token_ids: must be a non-empty list of token ids (ints >= 0)")
-        return cls(id=pid, prompt_token_ids=[int(t) for t in ids], sampling=check_sampling(d.get("sampling"), where))
+        return cls(
+            id=pid, prompt_token_ids=[int(t) for t in ids], sampling=check_sampling(d.get("sampling"), where)
+        )
 
     def max_tokens(self, cell_max: int) -> int:
         """The request's own max_tokens where it has one, else the cell's."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from speclab.report.figures import Figure, _color_map, _grid, _png
+from speclab.report.figures import Figure, _color_map, _grid, _legend_below, _png
 
 
 def _axis(cs: list[dict[str, Any]]) -> tuple[list[Any], dict[Any, int]]:
@@ -59,11 +59,7 @@ def speedup_vs_temperature(cs: list[dict[str, Any]]) -> Figure | None:
         _ticks(ax, ok, keys)
         ax.set_ylabel("speedup vs no SD")
         ax.set_title(f"{key[0]} ({key[1]}), batch {key[2]}", fontsize=10)
-    handles: dict[str, Any] = {}
-    for ax in axes:
-        for hnd, lbl in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(lbl, hnd)
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=6, fontsize=8.5)
+    _legend_below(fig, axes, ncols=6, fontsize=8.5)
     return Figure(
         "speedup_vs_temperature.png",
         "Speedup vs temperature",
@@ -110,11 +106,7 @@ def acceptance_vs_temperature(cs: list[dict[str, Any]]) -> Figure | None:
         _ticks(ax, ok, keys)
         ax.set_ylabel("acceptance rate")
         ax.set_title(f"{key[0]}: {key[1]}", fontsize=10)
-    handles: dict[str, Any] = {}
-    for ax in axes:
-        for hnd, lbl in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(lbl, hnd)
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=8, fontsize=8.5)
+    _legend_below(fig, axes, ncols=8, fontsize=8.5)
     return Figure(
         "acceptance_vs_temperature.png",
         "Engine acceptance per position vs temperature",
