@@ -16,6 +16,13 @@ def _axis(cs: list[dict[str, Any]]) -> tuple[list[Any], dict[Any, int]]:
     return keys, {k: i for i, k in enumerate(keys)}
 
 
+def _label(ax: Any, cs: list[dict[str, Any]], keys: list[Any], ylabel: str, title: str) -> None:
+    """A panel's temperature ticks, y label and title."""
+    _ticks(ax, cs, keys)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+
+
 def _ticks(ax: Any, cs: list[dict[str, Any]], keys: list[Any]) -> None:
     names = {c["key"]: c["setting"].replace("T = ", "") for c in cs}
     ax.set_xticks(range(len(keys)), [names[k] for k in keys])
@@ -56,9 +63,7 @@ def speedup_vs_temperature(cs: list[dict[str, Any]]) -> Figure | None:
                     ax.plot(x, y, "x", ms=11, mew=2.5, color="#c00000")
                 ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(5, 3), fontsize=7.5)
         ax.axhline(1.0, color="grey", lw=1)
-        _ticks(ax, ok, keys)
-        ax.set_ylabel("speedup vs no SD")
-        ax.set_title(f"{key[0]} ({key[1]}), batch {key[2]}", fontsize=10)
+        _label(ax, ok, keys, "speedup vs no SD", f"{key[0]} ({key[1]}), batch {key[2]}")
     _legend_below(fig, axes, ncols=6, fontsize=8.5)
     return Figure(
         "speedup_vs_temperature.png",
@@ -103,9 +108,7 @@ def acceptance_vs_temperature(cs: list[dict[str, Any]]) -> Figure | None:
         for k in flagged[key]:
             ax.axvspan(xpos[k] - 0.3, xpos[k] + 0.3, color="#c00000", alpha=0.12, lw=0)
         ax.set_ylim(-0.03, 1.03)
-        _ticks(ax, ok, keys)
-        ax.set_ylabel("acceptance rate")
-        ax.set_title(f"{key[0]}: {key[1]}", fontsize=10)
+        _label(ax, ok, keys, "acceptance rate", f"{key[0]}: {key[1]}")
     _legend_below(fig, axes, ncols=8, fontsize=8.5)
     return Figure(
         "acceptance_vs_temperature.png",
