@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speclab.bench.sampling import logged_settings
 from speclab.bench.spec import SweepSpec
 from speclab.catalog import CATALOG
-from speclab.bench.sampling import logged_settings
 from speclab.engine.protocol import PromptSpec
 from speclab.errors import ConfigError, SpeclabError
 
