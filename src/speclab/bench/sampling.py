@@ -216,3 +216,21 @@ def cell_prompts(
         if ran_own:
             own.add(p.id)
     return out, own
+
+
+def setting_text(r: dict[str, Any]) -> str:
+    """A row's setting for tables: "0", "0.7", "0.7 top-p 0.9 top-k 50", or "as logged"."""
+    mode, temp, top_p, top_k = row_setting(r)
+    if mode == "as-logged":
+        return "as logged"
+    text = f"{temp:g}"
+    if temp and top_p < 1.0:
+        text += f" top-p {top_p:g}"
+    if temp and top_k > 0:
+        text += f" top-k {top_k}"
+    return text
+
+
+def has_sampled(rows: list[dict[str, Any]]) -> bool:
+    """Whether a run has cells at any setting other than greedy (tables then name each row's setting)."""
+    return any(row_setting(r) != ("fixed", 0.0, 1.0, 0) for r in rows)
