@@ -387,8 +387,9 @@ def bench_notes(workload: str, prompts: list[Prompt], max_tokens: int, as_logged
     hot = sum(1 for p in prompts if p.meta.get("temperature", 0.0) > 0)
     if hot:
         notes.append(
-            f"note: {workload}: {hot} of {n} requests asked for temperature > 0; the bench decodes at the "
-            'sweep\'s temperatures (default 0: greedy); sampling = "as-logged" runs each request with its own'
+            f"note: {workload}: {hot} of {n} requests asked for temperature > 0; the bench decodes greedily "
+            '(temperature 0) unless the sweep gives temperatures; sampling = "as-logged" runs each request '
+            "with its own settings"
         )
     asked = [p.meta["max_tokens"] for p in prompts if "max_tokens" in p.meta]
     other = [m for m in asked if m != max_tokens]
