@@ -110,6 +110,8 @@ def test_greedy_cell_ids_are_unchanged_by_the_sampling_keys():
     assert {c.rsplit(".", 1)[1] for c in hot}.isdisjoint({c.rsplit(".", 1)[1] for c in plain})
     assert set(ids("temperatures = [1.0]")).isdisjoint(plain) and set(ids("temperatures = [1.0]")) != set(hot)
     assert set(ids("temperatures = [0.7]\ntop_p = 0.9")).isdisjoint(hot)
+    # at T = 0 top_p and top_k change nothing: the greedy cells, with their ids
+    assert set(plain) < set(ids("temperatures = [0, 0.7]\ntop_p = 0.9\ntop_k = 20"))
 
 
 def test_server_cells_follow_the_same_rule():

@@ -130,7 +130,11 @@ def sweep_settings(spec: Any) -> list[Setting]:
     """The sampling settings a sweep's cells run at, in sweep order."""
     if spec.sampling == "as-logged":
         return [Setting(sampling="as-logged", temperature=None, top_p=1.0, top_k=0)]
-    return [Setting("fixed", float(t), float(spec.top_p), int(spec.top_k)) for t in spec.temperatures]
+    # at T = 0 top_p and top_k change nothing (greedy): such a cell is the greedy cell, whatever they say
+    return [
+        Setting("fixed", float(t), float(spec.top_p), int(spec.top_k)) if t else Setting()
+        for t in spec.temperatures
+    ]
 
 
 def request_seed(sweep_seed: int, prompt_id: str) -> int:
