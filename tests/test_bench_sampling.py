@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -357,3 +358,18 @@ def test_prompt_set_without_logged_settings_is_fine():
     ps = PromptSet(workload="w", category="other", prompts=[PromptSpec(id="a", prompt_token_ids=[1])])
     specs, own = cell_prompts(Setting(sampling="as-logged", temperature=None), 3, ps, 64)
     assert own == set() and specs[0].sampling is not None and specs[0].sampling["temperature"] == 1.0
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="needs the vLLM stack (scripts/setup.sh)"
+)
+def test_server_requests_carry_their_sampling(tmp_path: Path):
+    from speclab.server.loadgen import load_requests
+
+    sampling = [{"temperature": 0.7, "top_p": 1.0, "top_k": 0, "seed": 11}, None]
+    write_prompts(tmp_path / "p.jsonl", [("a", [1, 2]), ("b", [3])], 16, sampling)
+    reqs = load_requests(tmp_path / "p.jsonl", 2, "x-")
+    assert reqs[0].request_overrides == {"temperature": 0.7, "top_p": 1.0, "seed": 11}
+    assert (
+        reqs[1].request_overrides is None and reqs[0].prompt == [1, 2] and reqs[0].expected_output_len == 16
+    )
