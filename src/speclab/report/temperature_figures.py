@@ -120,4 +120,5 @@ def acceptance_vs_temperature(cs: list[dict[str, Any]]) -> Figure | None:
             ax.axvspan(xpos[k] - 0.3, xpos[k] + 0.3, color="#c00000", alpha=0.12, lw=0)
         ax.set_ylim(-0.03, 1.03)
         _label(ax, ok, keys, "acceptance rate", f"{key[0]}: {key[1]}")
-    return _finish(fig, axes, 8, "acceptance_vs_temperature.png", "Engine acceptance per position vs temperature", ACCEPTANCE_CAPTION)
+    title = "Engine acceptance per position vs temperature"
+    return _finish(fig, axes, 8, "acceptance_vs_temperature.png", title, ACCEPTANCE_CAPTION)

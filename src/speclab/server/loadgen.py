@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from speclab.atomic import atomic_write_text
-from speclab.engine.protocol import check_sampling
+from speclab.engine.request_sampling import check_sampling
 from speclab.errors import ConfigError, SpeclabError
 
 
