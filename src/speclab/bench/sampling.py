@@ -20,7 +20,7 @@ SD cell is compared with the no-SD cell at the same setting only).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from speclab.engine.protocol import PromptSpec
@@ -58,12 +58,7 @@ class Setting:
 
     def key(self) -> dict[str, Any]:
         """What a cell id hashes for this setting (only where it is not the default)."""
-        return {
-            "sampling": self.sampling,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-        }
+        return asdict(self)
 
     def tag(self) -> str:
         """The readable part of a sampled cell's id: "" (greedy), "t0.7", "logged"."""
@@ -74,13 +69,7 @@ class Setting:
         return f"t{self.temperature:g}"
 
     def row_fields(self) -> dict[str, Any]:
-        return {
-            "sampling": self.sampling,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "requests_own_settings": None,
-        }
+        return {**asdict(self), "requests_own_settings": None}
 
 
 def _temperature(v: Any, where: str) -> float:
