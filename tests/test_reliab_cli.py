@@ -389,3 +389,14 @@ def test_no_command_prints_the_help():
     for argv in ((), ("traces",)):
         res = cli(*argv)
         assert res.code == 2 and res.err.startswith("Usage: ") and "speclab: error" not in res.err
+
+
+def test_bench_temperatures_override(tmp_path):
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(SWEEP.replace('"/nonexistent/target"', '"smollm2-135m"'))
+    res = cli("bench", sweep, "--out", tmp_path / "run", "--temperatures", "0,0.7", "--dry-run")
+    assert res.code == 0, (res.out, res.err)
+    assert "4 cells on 2 engines" in res.out and ".b1.t0.7." in res.out
+    assert "need numbers" in error(cli("bench", sweep, "--temperatures", "0,hot", "--dry-run"))
+    assert "out of range" in error(cli("bench", sweep, "--temperatures", "-1", "--dry-run"))
+    assert not (tmp_path / "run").exists()

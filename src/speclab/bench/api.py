@@ -21,6 +21,7 @@ OVERRIDABLE = {
     "num_prompts",
     "max_tokens",
     "batch_sizes",
+    "temperatures",
     "workloads",
     "batching",
     "seed",

@@ -58,6 +58,18 @@ def _str_list(value: str | None, what: str = "") -> list[str] | None:
     return items
 
 
+def _temperature_list(text: str | None) -> list[float] | None:
+    """--temperatures 0,0.7,1 as numbers (the sweep's own check bounds them)."""
+    if text is None:
+        return None
+    try:
+        return [float(t) for t in text.split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"--temperatures {text!r}: need numbers separated by commas, e.g. 0,0.7,1"
+        ) from None
+
+
 @command.command("run")
 @click.argument("sweep", required=False, type=click.Path(dir_okay=False))
 @click.option("--preset", help="A shipped sweep preset instead of a file (see `speclab bench presets`).")
@@ -67,6 +79,7 @@ def _str_list(value: str | None, what: str = "") -> list[str] | None:
 @click.option("--num-prompts", type=int, help="Override the sweep's prompt count per cell.")
 @click.option("--max-tokens", type=int, help="Override the sweep's max output tokens.")
 @click.option("--batch-sizes", help="Override the batch sizes, e.g. 1,16.")
+@click.option("--temperatures", help="Override the sampling temperatures, e.g. 0,0.7,1 (each its own cell).")
 @click.option(
     "--repeats", type=int, help="Measure each cell N times, interleaved with its no-SD baseline (default 1)."
 )
@@ -114,6 +127,7 @@ def run_cmd(
     num_prompts: int | None,
     max_tokens: int | None,
     batch_sizes: str | None,
+    temperatures: str | None,
     repeats: int | None,
     workloads: str | None,
     methods: str | None,
@@ -141,6 +155,7 @@ def run_cmd(
         "num_prompts": num_prompts,
         "max_tokens": max_tokens,
         "batch_sizes": batch_size_list(batch_sizes, "--batch-sizes"),
+        "temperatures": _temperature_list(temperatures),
         "workloads": _str_list(workloads, "--workloads"),
         "batching": ["replicate", "continuous"] if batching == "both" else batching,
         "engine.enforce_eager": enforce_eager,
