@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from speclab.catalog import NGRAM_MAX_N, NGRAM_MIN_N
-from speclab.cli.options import INT32_MAX, choice_option, limit_option
+from speclab.cli.options import INT32_MAX, choice_option, limit_option, seed_option
 from speclab.errors import ConfigError
 
 _COUNT = click.IntRange(1, 1 << 24)  # lengths, depths and n-gram sizes: bounded, so nothing overflows
@@ -102,6 +102,25 @@ def _progress(desc: str):
     help="--workload outputs from: engine (all prompts batched on a vLLM engine, as the bench runs them) or "
     "transformers (one request at a time, no vLLM needed; slower). Greedy fp32 either way, same tokens.",
 )
+@click.option(
+    "--temperature",
+    type=click.FloatRange(0.0, 100.0),
+    default=0.0,
+    show_default=True,
+    help="--workload: sample the outputs at this temperature (0: greedy); sampled records get accept_prob.",
+)
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True,
+              help="--workload sampling: top-p (1: off).")  # fmt: skip
+@click.option("--top-k", type=click.IntRange(0, INT32_MAX), default=0, show_default=True,
+              help="--workload sampling: top-k (0: off).")  # fmt: skip
+@seed_option("--workload sampling: each prompt's seed is derived from this and the prompt's id.", default=0)
+@choice_option(
+    "--draft-sampling",
+    choices=["probabilistic", "greedy"],
+    default="probabilistic",
+    help="Sampled traces, model drafters: expected acceptance for drafts sampled from q (sum-min) or for "
+    "argmax drafts (vLLM's default draft_sample_method, p_T(argmax q)).",
+)
 @click.option("--methods", default="ngram,suffix", show_default=True, help=_METHODS_HELP)
 @click.option("--k-max", default=20, show_default=True, help="Longest proposal replayed per position.")
 @click.option("--out", "out", type=click.Path(), help="Output store (.parquet file, directory, or .jsonl).")
@@ -157,6 +176,11 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
     limit: int,
     max_tokens: int,
     generator: str,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: int,
+    draft_sampling: str,
     methods: str,
     k_max: int,
     out: str | None,
@@ -226,10 +250,15 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
         from speclab.methods.eagle3 import MISSING_HEAD
 
         raise ConfigError(MISSING_HEAD)
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
     if source:
+        if temperature > 0:
+            raise click.UsageError(
+                "--temperature applies to --workload (records of --from keep their own sampling)"
+            )
         records = load_records(source)
     else:
-        records = _generate(workload, target, limit, max_tokens, threads, generator)
+        records = _generate(workload, target, limit, max_tokens, threads, generator, sampling)
     if "eagle3" in mlist and "target" not in options["eagle3"]:
         options["eagle3"]["target"] = _eagle3_target(records)
     with_ids = [r for r in records if r.prompt_token_ids is not None and r.output_token_ids is not None]
@@ -239,8 +268,9 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
         )
     compare: dict[str, list[int]] = {}
     traced = replay_records(
-        records, mlist, k_max, options, progress=_progress("replay"), skip_missing_ids=True, compare=compare
-    )
+        records, mlist, k_max, options, progress=_progress("replay"), skip_missing_ids=True, compare=compare,
+        scorer=lambda: _scorer(target, records, threads), draft_sampling=draft_sampling,
+    )  # fmt: skip
     _write(out, traced, force)
     skipped = len(records) - len(with_ids)
     click.echo(
@@ -250,10 +280,19 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
     _summary(mlist, with_ids, compare)
 
 
+def _scorer(target: str | None, records: list, threads: int | None) -> Any:
+    """The target's distributions for sampled records: --target, else the records' target."""
+    from speclab.models.prepare import resolve_model
+    from speclab.replay.expected import TargetScorer
+
+    return TargetScorer(resolve_model(target) if target else _eagle3_target(records), threads=threads)
+
+
 def _generate(
-    workload: str, target: str | None, limit: int, max_tokens: int, threads: int | None, generator: str
-) -> list:
-    """--workload: the target's greedy outputs, generated here (speclab.replay.generate)."""
+    workload: str, target: str | None, limit: int, max_tokens: int, threads: int | None, generator: str,
+    sampling: dict[str, Any],
+) -> list:  # fmt: skip
+    """--workload: the target's outputs (greedy, or sampled), generated here (speclab.replay.generate)."""
     if not target:
         raise click.UsageError("--workload needs --target (the model whose greedy outputs are replayed)")
     from speclab.replay.generate import generate_records
@@ -266,6 +305,7 @@ def _generate(
         threads=threads,
         generator=generator,
         echo=lambda s: click.echo(s, err=True),
+        sampling=sampling,
     )
 
 
@@ -278,8 +318,11 @@ def _summary(mlist: list[str], with_ids: list, compare: dict[str, list[int]]) ->
 
             a = np.concatenate(accs)
             hit = np.concatenate([r.methods[m].num_proposed[1:] > 0 for r in with_ids if r.output_len > 1])
+            exp = [r.methods[m].expected_acc_len() for r in with_ids if m in r.methods and r.output_len > 1]
+            exp = [e[1:] for e in exp if e is not None]
             click.echo(
                 f"  {m:12s} mean acc_len {a.mean():.3f}  proposal rate {hit.mean():.3f}  positions {len(a)}"
+                + (f"  expected acc_len (sampled) {np.concatenate(exp).mean():.3f}" if exp else "")
             )
     for m, (eq, tot) in compare.items():
         click.echo(
