@@ -206,7 +206,7 @@ def test_trace_cli_samples_and_fills_accept_prob(tmp_path, monkeypatch, capsys):
         return [_record("s", True), _record("g", False)]
 
     monkeypatch.setattr(gen, "generate_records", generate_records)
-    monkeypatch.setattr(cli_trace, "_scorer", lambda *a: FixedScorer())
+    monkeypatch.setattr(cli_trace, "make_scorer", lambda *a: FixedScorer())
     out = tmp_path / "t.parquet"
     (tmp_path / "config.json").write_text("{}")  # a checkpoint directory for --target (never loaded here)
     args = [

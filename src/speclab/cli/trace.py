@@ -11,6 +11,7 @@ import click
 
 from speclab.catalog import NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.cli.options import INT32_MAX, choice_option, limit_option, seed_option
+from speclab.cli.trace_sampled import crosscheck_expected, make_scorer, records_target
 from speclab.errors import ConfigError
 
 _COUNT = click.IntRange(1, 1 << 24)  # lengths, depths and n-gram sizes: bounded, so nothing overflows
@@ -47,7 +48,7 @@ def _method_options(
         if not target:
             raise ConfigError("eagle replay needs --target (the model whose hidden states feed the head)")
         opts["eagle"] = {"head": eagle_head, "target": str(resolve_model(target))}
-    # eagle3: the head is resolved here; the target here or, with --from, from the records (_eagle3_target)
+    # eagle3: the head is resolved here; the target here or, with --from, from the records (records_target)
     opts["eagle3"] = {"max_model_len": max_model_len, "threads": threads}
     if eagle3_head:
         from speclab.models.prepare import resolve_model
@@ -58,19 +59,6 @@ def _method_options(
 
         opts["eagle3"]["target"] = str(resolve_model(target))
     return opts
-
-
-def _eagle3_target(records: list) -> str:
-    """The one target the records were generated with (bench records carry meta["target"])."""
-    from speclab.models.prepare import resolve_model
-
-    names = {r.meta.get("target") for r in records if r.output_token_ids is not None}
-    if len(names) != 1 or None in names:
-        raise ConfigError(
-            "eagle3 replay needs --target (the records name "
-            + (f"several targets: {', '.join(sorted(map(str, names)))})" if len(names) > 1 else "no target)")
-        )
-    return str(resolve_model(str(names.pop()), prepare=False))
 
 
 def _progress(desc: str):
@@ -260,7 +248,7 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
     else:
         records = _generate(workload, target, limit, max_tokens, threads, generator, sampling)
     if "eagle3" in mlist and "target" not in options["eagle3"]:
-        options["eagle3"]["target"] = _eagle3_target(records)
+        options["eagle3"]["target"] = records_target(records)
     with_ids = [r for r in records if r.prompt_token_ids is not None and r.output_token_ids is not None]
     if not with_ids:
         raise ConfigError(
@@ -269,7 +257,7 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
     compare: dict[str, list[int]] = {}
     traced = replay_records(
         records, mlist, k_max, options, progress=_progress("replay"), skip_missing_ids=True, compare=compare,
-        scorer=lambda: _scorer(target, records, threads), draft_sampling=draft_sampling,
+        scorer=lambda: make_scorer(target, records, threads), draft_sampling=draft_sampling,
     )  # fmt: skip
     _write(out, traced, force)
     skipped = len(records) - len(with_ids)
@@ -278,14 +266,6 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
         + (f"; {skipped} records without token ids passed through unchanged" if skipped else "")
     )
     _summary(mlist, with_ids, compare)
-
-
-def _scorer(target: str | None, records: list, threads: int | None) -> Any:
-    """The target's distributions for sampled records: --target, else the records' target."""
-    from speclab.models.prepare import resolve_model
-    from speclab.replay.expected import TargetScorer
-
-    return TargetScorer(resolve_model(target) if target else _eagle3_target(records), threads=threads)
 
 
 def _generate(
@@ -360,12 +340,29 @@ def _write(out: str, records: list, force: bool) -> None:
 @click.option("--force", is_flag=True, help="Replace an existing output file.")
 @click.option("--show", default=5, show_default=True, help="Mismatches to print.")
 @click.option("--by-workload", is_flag=True, help="Break the agreement down per workload.")
+@click.option(
+    "--expected",
+    is_flag=True,
+    help="Sampled runs: the engine's mean acceptance length beside the one expected from the replayed "
+    "acceptance probabilities, per method and temperature, with engine faults flagged.",
+)
+@choice_option("--draft-sampling", choices=["probabilistic", "greedy"], default="probabilistic",
+               help="--expected, model drafters: drafts sampled from q (sum-min) or argmax drafts.")  # fmt: skip
 @click.pass_context
-def crosscheck(
-    ctx: click.Context, run: str, as_json: bool, out: str | None, force: bool, show: int, by_workload: bool
+def crosscheck(  # fmt: skip
+    ctx: click.Context,
+    run: str,
+    as_json: bool,
+    out: str | None,
+    force: bool,
+    show: int,
+    by_workload: bool,
+    expected: bool,
+    draft_sampling: str,
 ) -> None:
     """Replay vs engine: walk the replayed trace the way vLLM steps (skipping accepted positions) and
-    compare with each request's observed per-step accepted/drafted counts; agreement per method."""
+    compare with each request's observed per-step accepted/drafted counts; agreement per method.
+    --expected (sampled runs): measured vs expected mean acceptance length instead."""
     from speclab.atomic import atomic_write_text
     from speclab.replay.crosscheck import crosscheck_records
     from speclab.replay.replay import load_records
@@ -377,6 +374,11 @@ def crosscheck(
 
         output_file(out, [run], force=force)
     records = load_records(run)
+    if expected:
+        payload = crosscheck_expected(run, records, {**opts, "draft_sampling": draft_sampling}, as_json)
+        if out:
+            atomic_write_text(out, json.dumps(payload, indent=2) + "\n")
+        return
     replay_fn, skipped = make_run_replay_fn(Path(run), opts)
     res = crosscheck_records(records, replay_fn, max_model_len=opts["max_model_len"])
     mismatches = res.mismatches()
