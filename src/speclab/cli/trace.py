@@ -217,7 +217,6 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
     if ctx.invoked_subcommand is not None:
         return
     from speclab.replay.replay import load_records, replay_records
-    from speclab.traces import check_method_name
 
     if bool(source) == bool(workload):
         raise click.UsageError("give exactly one of --from STORE_OR_RUN or --workload NAME (with --target)")
@@ -228,22 +227,11 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
 
     if not 1 <= k_max <= K_MAX_LIMIT:
         raise ConfigError(f"--k-max must be in 1..{K_MAX_LIMIT}, got {k_max}")
-    mlist = [m.strip() for m in methods.split(",")]
-    if not all(mlist):
-        raise ConfigError(f"--methods: empty item in {methods!r} (expected comma-separated method names)")
-    for m in mlist:
-        check_method_name(m)
-    options = _method_options(**ctx.obj["opts"])
-    if "eagle3" in mlist and "head" not in options["eagle3"]:
-        from speclab.methods.eagle3 import MISSING_HEAD
-
-        raise ConfigError(MISSING_HEAD)
+    mlist, options = _methods(methods, ctx.obj["opts"])
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
     if source:
         if temperature > 0:
-            raise click.UsageError(
-                "--temperature applies to --workload (records of --from keep their own sampling)"
-            )
+            raise click.UsageError("--temperature applies to --workload (--from records keep their sampling)")
         records = load_records(source)
     else:
         records = _generate(workload, target, limit, max_tokens, threads, generator, sampling)
@@ -266,6 +254,23 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
         + (f"; {skipped} records without token ids passed through unchanged" if skipped else "")
     )
     _summary(mlist, with_ids, compare)
+
+
+def _methods(methods: str, opts: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """--methods checked, and each method's replay options."""
+    from speclab.traces import check_method_name
+
+    mlist = [m.strip() for m in methods.split(",")]
+    if not all(mlist):
+        raise ConfigError(f"--methods: empty item in {methods!r} (expected comma-separated method names)")
+    for m in mlist:
+        check_method_name(m)
+    options = _method_options(**opts)
+    if "eagle3" in mlist and "head" not in options["eagle3"]:
+        from speclab.methods.eagle3 import MISSING_HEAD
+
+        raise ConfigError(MISSING_HEAD)
+    return mlist, options
 
 
 def _generate(
