@@ -106,7 +106,8 @@ def test_cli_expected_on_a_run(tmp_path, monkeypatch, capsys, accepted, fault):
 
     monkeypatch.setattr(ts, "make_scorer", lambda *a: HalfScorer())
     run = _run(tmp_path, accepted)
-    assert main(["trace", "crosscheck", str(run), "--expected", "--out", str(tmp_path / "x.json")]) in (
+    group = "traces" if fault else "trace"  # `speclab traces crosscheck` is `speclab trace crosscheck`
+    assert main([group, "crosscheck", str(run), "--expected", "--out", str(tmp_path / "x.json")]) in (
         0,
         None,
     )

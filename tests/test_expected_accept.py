@@ -230,3 +230,28 @@ def test_trace_cli_samples_and_fills_accept_prob(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["trace", "--from", str(out), "--temperature", "0.7", "--out", str(tmp_path / "x.parquet")])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("how", ex.DRAFT_SAMPLING)
+def test_replay_fills_model_drafter_accept_prob(models, how):
+    target, draft = models
+    (rec,) = replay_records(
+        [_record("s", True)], ["draft_model"], k_max=3, options={"draft_model": {"model": draft}},
+        scorer=lambda: ex.TargetScorer(target), draft_sampling=how,
+    )  # fmt: skip
+    mt = rec.methods["draft_model"]
+    assert mt.accept_source == (ex.SUM_MIN_SOURCE if how == "probabilistic" else ex.GREEDY_DRAFT_SOURCE)
+    probs = ex.TargetScorer(target).probs(rec.prompt_token_ids, rec.output_token_ids, SAMPLING)
+    want = ex.draft_model_accept_prob(
+        DraftModelProposer(draft),
+        rec.prompt_token_ids,
+        rec.output_token_ids,
+        probs,
+        0.7,
+        mt.num_proposed,
+        how,
+    )
+    np.testing.assert_allclose(mt.accept_prob, want, atol=1e-6)
+    mt.validate(rec.output_len, "t")
+    if how == "probabilistic":  # a model drafter proposes k everywhere; the overlap is never 0 here
+        assert (mt.accept_prob[:-2] > 0).all()  # (an argmax draft can fall outside top-k/top-p: 0)
