@@ -141,3 +141,8 @@ def test_simulate_cli_draws_and_spread(tmp_path, capsys):
     assert row["draws"] == "2" and float(row["speedup_min"]) <= float(row["speedup"]) <= float(
         row["speedup_max"]
     )
+
+
+def test_baseline_alone_draws_nothing():
+    (row,) = simulate(sampled_traces(4, 5), "llama3.1-8b-h100", ["none"], "static", [2], draws=8)
+    assert row.draws == 0 and row.speedup_spread is None

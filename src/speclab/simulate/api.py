@@ -210,19 +210,19 @@ def simulate(
     pols, rules, notes = check_args(policies, batching, batch_sizes, aggregate, opts)
     if isinstance(draws, bool) or not isinstance(draws, int | np.integer) or not 0 <= draws <= 10_000:
         raise ConfigError(f"draws must be an integer 0..10000, got {draws!r}")
-    if draws and sampled.has_accept_prob(traces, {m for p in pols for m in p.methods} or None):
-        runs = [
-            simulate(sampled.realise(traces, seed, d), cm, policies, batching, batch_sizes, aggregate, seed,
-                     draws=0, **opts)
-            for d in range(draws)
-        ]  # fmt: skip
-        return sampled.combine(runs, seed)
     study = rules == "study"
     bind_methods(pols, traces, cm)  # bare adaptive policies: every method the traces hold
     for p in pols:
         p.cost_model = cm
         fast.check_probes(p, cm)
     all_methods = tuple(sorted({m for p in pols for m in p.methods}))
+    if draws and sampled.has_accept_prob(traces, set(all_methods)):
+        runs = [
+            simulate(sampled.realise(traces, seed, d), cm, policies, batching, batch_sizes, aggregate, seed,
+                     draws=0, **opts)
+            for d in range(draws)
+        ]  # fmt: skip
+        return sampled.combine(runs, seed)
     notes += _length_notes(traces, set(all_methods))
     groups: dict[tuple[str, ...], list[Policy]] = {}
     for p in pols:
