@@ -65,3 +65,25 @@ def assert_replay_equals_naive_chains(prop, prompt: np.ndarray, out: np.ndarray,
         while a < len(d) and p + a < len(out) and d[a] == out[p + a]:
             a += 1
         assert acc[p] == a + 1, (p, acc[p], a + 1)
+
+
+def report_with_rows(tmp, rows_for, title: str, n_per_workload: int):
+    """A report built (with the stand-in simulator) over a synthetic run whose results rows are replaced by
+    rows_for(the synthetic rows); returns the report's path and the rows written."""
+    import json
+
+    import pytest
+
+    from speclab.analyze.synthetic import write_synthetic_run
+    from speclab.report import build_report
+
+    mp = pytest.MonkeyPatch()
+    fake_simulator(mp)
+    try:
+        run = write_synthetic_run(tmp / "run", n_per_workload=n_per_workload)
+        rows = rows_for([json.loads(ln) for ln in (run / "results.jsonl").read_text().splitlines()])
+        (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        path = build_report(tmp / "report", run=run, title=title)
+    finally:
+        mp.undo()
+    return path, rows

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from matplotlib import image as mpimg
 
-from helpers import fake_simulator  # tests/ is on sys.path (pytest prepend mode)
+from helpers import fake_simulator, report_with_rows  # tests/ is on sys.path (pytest prepend mode)
 from speclab.analyze.synthetic import write_synthetic_run
 from speclab.report import build_report
 
@@ -197,19 +197,10 @@ def wide_rows(rows: list[dict]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def wide_report(tmp_path_factory):
-    import json
-
     tmp = tmp_path_factory.mktemp("wide")
-    mp = pytest.MonkeyPatch()
-    fake_simulator(mp)
-    try:
-        run = write_synthetic_run(tmp / "run", n_per_workload=8)
-        rows = [json.loads(ln) for ln in (run / "results.jsonl").read_text().splitlines()]
-        (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in wide_rows(rows)))
-        path = build_report(tmp / "report", run=run, title="SYNTHETIC test data: wide tables at 1,300 px")
-    finally:
-        mp.undo()
-    return path
+    return report_with_rows(tmp, wide_rows, "SYNTHETIC test data: wide tables at 1,300 px", n_per_workload=8)[
+        0
+    ]
 
 
 def test_tables_fit_a_1300_pixel_window(wide_report, tmp_path):

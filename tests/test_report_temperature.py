@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import fake_simulator  # tests/ is on sys.path (pytest prepend mode)
+from helpers import fake_simulator, report_with_rows  # tests/ is on sys.path (pytest prepend mode)
 from speclab.analyze.synthetic import write_synthetic_run
 from speclab.report import build_report
 from speclab.report.sampling import cells, greedy_view, has_sampling, says, sentences
@@ -93,16 +93,9 @@ def sampled_rows(workload: str = "offline-chat") -> list[dict]:
 @pytest.fixture(scope="module")
 def sampled_report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("temperature")
-    mp = pytest.MonkeyPatch()
-    fake_simulator(mp)
-    try:
-        run = write_synthetic_run(tmp / "run", n_per_workload=4)
-        rows = sampled_rows()
-        (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        path = build_report(tmp / "report", run=run, title="SYNTHETIC test data: temperature section")
-    finally:
-        mp.undo()
-    return path, rows
+    return report_with_rows(
+        tmp, lambda _: sampled_rows(), "SYNTHETIC test data: temperature section", n_per_workload=4
+    )
 
 
 def section_html(html: str) -> str:

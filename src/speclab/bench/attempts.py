@@ -15,6 +15,7 @@ from pathlib import Path
 from speclab.atomic import atomic_write_text
 from speclab.bench.cells import Cell, EngineGroup
 from speclab.bench.preflight import PromptSet
+from speclab.bench.sampling import cell_prompts
 from speclab.engine.protocol import CellResult, CellSpec, Job, read_results, write_job
 from speclab.errors import ConfigError
 from speclab.timings import COLUMNS, read_timings
@@ -76,7 +77,8 @@ def new_attempt(
             batching=c.batching,
             batch_size=c.batch_size,
             max_tokens=c.max_tokens,
-            prompts=prompt_sets[c.workload].prompts,
+            # each request with the cell's sampling (greedy cells: the prompts as rendered)
+            prompts=cell_prompts(c.setting, c.seed, prompt_sets[c.workload], g.engine.max_model_len)[0],
         )
         for c in cells
     ]

@@ -2,7 +2,8 @@
 
 A cell id is readable and stable: the same sweep settings give the same id on every run, so a rerun skips
 what is done; changing anything that affects a cell's result (target, dtype, k, options, prompt count, max
-tokens, seed, engine settings) changes the short hash at its end. The largest batch size an engine serves is
+tokens, seed, engine settings, a sampling setting other than greedy) changes the short hash at its end; a
+sampled cell's id also names its setting (`....b4.t0.7.<hash>`, `....b4.logged.<hash>`). The largest batch size an engine serves is
 not part of a cell id: adding a batch size to a sweep keeps the ids of the cells already run.
 """
 
@@ -13,6 +14,7 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from speclab.bench.sampling import Setting, sweep_settings
 from speclab.bench.spec import MethodEntry, SweepSpec
 from speclab.engine.protocol import EngineSpec
 from speclab.workloads.file_workloads import file_fingerprint
@@ -40,10 +42,16 @@ class Cell:
     max_tokens: int
     seed: int
     baseline_key: str  # equal for a cell and its matching no-SD cell
+    setting: Setting = field(default_factory=Setting)  # sampling (bench/sampling.py); default: greedy
+    setting_rank: int = 0  # the setting's place in the sweep (orders a cell's baseline right before it)
 
     @property
     def is_baseline(self) -> bool:
         return self.method.name == "none"
+
+    @property
+    def sampled(self) -> bool:
+        return not self.setting.greedy
 
     def describe(self) -> dict[str, Any]:
         """The cell's settings as they appear in a results row."""
@@ -61,6 +69,7 @@ class Cell:
             "num_prompts": self.num_prompts,
             "max_tokens": self.max_tokens,
             "seed": self.seed,
+            **self.setting.row_fields(),
         }
 
 
@@ -123,6 +132,7 @@ def expand_cells(spec: SweepSpec) -> list[Cell]:
     """All cells of a sweep, baseline (none) cells first, then in method order, workload, batching, batch."""
     cells: list[Cell] = []
     fingerprints = {w: file_fingerprint(w, spec.workload_files) for w in spec.workloads}
+    settings = sweep_settings(spec)
     for m in spec.methods:
         eng = engine_settings(engine_spec(spec, m))
         ekey = digest(eng)
@@ -133,43 +143,62 @@ def expand_cells(spec: SweepSpec) -> list[Cell]:
                 for b in spec.batch_sizes:
                     if m.batch_sizes is not None and b not in m.batch_sizes:
                         continue
-                    common = {
-                        "target": spec.target,
-                        "dtype": spec.dtype,
-                        "workload": w,
-                        "source": spec.workload_sources.get(w),
-                        "batching": batching,
-                        "batch_size": b,
-                        "num_prompts": spec.num_prompts,
-                        "max_tokens": spec.max_tokens,
-                        "max_prompt_tokens": spec.prompt_budget,
-                        "seed": spec.seed,
-                        # engine settings other than the method: a baseline must match them too
-                        "engine": {k: v for k, v in eng.items() if k not in ("method", "k", "options")},
-                    }
-                    if fingerprints[w] is not None:  # only for file workloads: built-in cells keep their ids
-                        common["file_sha256"] = fingerprints[w]
-                    bkey = digest(common)
-                    h = digest({"common": common, "method": m.name, "k": m.k, "options": m.options})
-                    cid = f"{m.label}.{w}.{_BATCHING_SHORT[batching]}.b{b}.{h}"
-                    cells.append(
-                        Cell(
-                            cell_id=cid,
-                            engine_key=ekey,
-                            method=m,
-                            target=spec.target,
-                            dtype=spec.dtype,
-                            workload=w,
-                            batching=batching,
-                            batch_size=b,
-                            num_prompts=spec.num_prompts,
-                            max_tokens=spec.max_tokens,
-                            seed=spec.seed,
-                            baseline_key=bkey,
-                        )
-                    )
+                    for rank, st in enumerate(settings):
+                        cells.append(_cell(spec, m, w, batching, b, st, rank, eng, ekey, fingerprints[w]))
     cells.sort(key=lambda c: 0 if c.is_baseline else 1)  # stable: keeps method order otherwise
     return cells
+
+
+def _cell(
+    spec: SweepSpec,
+    m: MethodEntry,
+    w: str,
+    batching: str,
+    b: int,
+    st: Setting,
+    rank: int,
+    eng: dict[str, Any],
+    ekey: str,
+    fingerprint: str | None,
+) -> Cell:
+    """One cell; its id and baseline key hash everything it measures (see the module docstring)."""
+    common: dict[str, Any] = {
+        "target": spec.target,
+        "dtype": spec.dtype,
+        "workload": w,
+        "source": spec.workload_sources.get(w),
+        "batching": batching,
+        "batch_size": b,
+        "num_prompts": spec.num_prompts,
+        "max_tokens": spec.max_tokens,
+        "max_prompt_tokens": spec.prompt_budget,
+        "seed": spec.seed,
+        # engine settings other than the method: a baseline must match them too
+        "engine": {k: v for k, v in eng.items() if k not in ("method", "k", "options")},
+    }
+    if fingerprint is not None:  # only for file workloads: built-in cells keep their ids
+        common["file_sha256"] = fingerprint
+    if not st.is_default:  # only for sampled cells: greedy cells keep the ids they always had
+        common["sampling"] = st.key()
+    bkey = digest(common)
+    h = digest({"common": common, "method": m.name, "k": m.k, "options": m.options})
+    tag = f".{st.tag()}" if st.tag() else ""
+    return Cell(
+        cell_id=f"{m.label}.{w}.{_BATCHING_SHORT[batching]}.b{b}{tag}.{h}",
+        engine_key=ekey,
+        method=m,
+        target=spec.target,
+        dtype=spec.dtype,
+        workload=w,
+        batching=batching,
+        batch_size=b,
+        num_prompts=spec.num_prompts,
+        max_tokens=spec.max_tokens,
+        seed=spec.seed,
+        baseline_key=bkey,
+        setting=st,
+        setting_rank=rank,
+    )
 
 
 def group_engines(spec: SweepSpec, cells: list[Cell]) -> list[EngineGroup]:

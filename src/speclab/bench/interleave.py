@@ -70,15 +70,25 @@ class Interleaver:
         self.states = [_GroupState(g) for g in groups]  # baseline engines first (group_engines)
 
     def order(self) -> list[tuple[_GroupState, Cell]]:
-        """Rounds of repeats; in a round, each (workload, batching, batch size) with its baseline first."""
+        """Rounds of repeats; in a round, each (workload, batching, batch size, sampling setting) with its
+        baseline first."""
         wl = self.r.spec.workloads
         items = [
-            (split_unit(u.cell_id)[1], wl.index(u.workload), u.batching, u.batch_size, gi, st, u)
+            (
+                split_unit(u.cell_id)[1],
+                wl.index(u.workload),
+                u.batching,
+                u.batch_size,
+                u.setting_rank,
+                gi,
+                st,
+                u,
+            )
             for gi, st in enumerate(self.states)
             for u in st.group.cells
         ]
-        items.sort(key=lambda t: t[:5])
-        return [(t[5], t[6]) for t in items]
+        items.sort(key=lambda t: t[:6])
+        return [(t[6], t[7]) for t in items]
 
     def run(self) -> None:
         clean = False

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speclab.bench.sampling import logged_settings
 from speclab.bench.spec import SweepSpec
 from speclab.catalog import CATALOG
 from speclab.engine.protocol import PromptSpec
@@ -181,6 +182,9 @@ class PromptSet:
     prompts: list[PromptSpec]
     truncated: int = 0
     notes: list[str] = field(default_factory=list)  # printed before the run
+    # prompt id -> the sampling settings its request log gave (temperature, top_p, top_k, max_tokens), for
+    # `sampling = "as-logged"` (bench/sampling.py); empty for other workloads
+    logged: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def render_workload(spec: SweepSpec, workload: str, tokenizer_path: str, category: str) -> PromptSet:
@@ -205,14 +209,20 @@ def render_workload(spec: SweepSpec, workload: str, tokenizer_path: str, categor
         tok = _TOKENIZERS[tokenizer_path] = load_tokenizer(tokenizer_path)
     out = []
     truncated = 0
+    logged = {}
     for p in prompts:
         ids, cut = render_prompt(p, tok, max_prompt_tokens=spec.prompt_budget)
         truncated += int(cut)
         out.append(PromptSpec(id=p.id, prompt_token_ids=[int(t) for t in ids]))
+        own = logged_settings(p.meta)
+        if own:
+            logged[p.id] = own
     from speclab.workloads.file_workloads import bench_notes
 
-    notes = bench_notes(workload, prompts, spec.max_tokens)
-    return PromptSet(workload=workload, category=category, prompts=out, truncated=truncated, notes=notes)
+    notes = bench_notes(workload, prompts, spec.max_tokens, as_logged=spec.sampling == "as-logged")
+    return PromptSet(
+        workload=workload, category=category, prompts=out, truncated=truncated, notes=notes, logged=logged
+    )
 
 
 _TOKENIZERS: dict[str, Any] = {}

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from speclab.bench.cells import Cell, EngineGroup
+from speclab.bench.sampling import is_sampled_row, setting_text
 from speclab.catalog import MODEL_BASED
 
 
@@ -122,6 +123,8 @@ class Progress:
 
 def format_cell_line(row: dict[str, Any]) -> str:
     head = f"  {row['label']:<16} {row['workload']:<20} {row['batching'][:4]} b{row['batch_size']:<4}"
+    if is_sampled_row(row):
+        head += f" T={setting_text(row)}"
     if row.get("status") != "ok":
         return f"{head} FAILED: {row.get('error')}"
     tput = row.get("throughput_tok_s") or 0.0
@@ -132,4 +135,6 @@ def format_cell_line(row: dict[str, Any]) -> str:
         parts.append(f"acc.len {row['mean_acceptance_length']:.2f}")
     if row.get("lossless") is not None:
         parts.append("token-exact" if row["lossless"] else "OUTPUTS DIFFER")
+    elif is_sampled_row(row) and row["method"] != "none":
+        parts.append("sampled (no token-exact check)")
     return f"{head} " + "  ".join(parts)

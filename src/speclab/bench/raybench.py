@@ -381,7 +381,13 @@ def _in_rounds(g: EngineGroup, workloads: list[str]) -> EngineGroup:
     """The group's units in rounds: repeat 1 of every cell, then repeat 2, ... (a no-op without repeats).
     Under --ray the repeats of an engine run back to back in its task; rounds keep a cell's repeats apart."""
     key = {
-        c.cell_id: (split_unit(c.cell_id)[1], workloads.index(c.workload), c.batching, c.batch_size)
+        c.cell_id: (
+            split_unit(c.cell_id)[1],
+            workloads.index(c.workload),
+            c.batching,
+            c.batch_size,
+            c.setting_rank,
+        )
         for c in g.cells
     }
     return replace(g, cells=sorted(g.cells, key=lambda c: key[c.cell_id]))

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from speclab.atomic import atomic_path, atomic_write_text
 from speclab.bench.cells import Cell
 from speclab.bench.repeats import apply_pairs
+from speclab.bench.sampling import is_sampled_row
 from speclab.catalog import trace_method_name
 from speclab.engine.measure import loadavg
 from speclab.engine.protocol import CellResult
@@ -234,9 +235,12 @@ def trace_records(
     prompts: dict[str, list[int]],
     category: str,
     max_model_len: int | None = None,
+    sampling: dict[str, dict[str, Any]] | None = None,
 ) -> list[RequestTrace]:
     """One trace record per request (under replicate: the first copy of each prompt). meta["observed"]
-    also records the method's effective options and the engine's max_model_len, for the cross-check."""
+    also records the method's effective options and the engine's max_model_len, for the cross-check;
+    meta["sampling"] the request's sampling ({temperature, top_p, top_k, seed}; `sampling`: prompt id -> its
+    PromptSpec.sampling), absent for greedy requests."""
     records = []
     observed_name = trace_method_name(cell.method.name, cell.method.options)
     options = effective_options(cell.method.name, cell.method.options)
@@ -254,6 +258,9 @@ def trace_records(
             "finish_reason": r.finish_reason,
             "source": "bench",
         }
+        own = (sampling or {}).get(r.id)
+        if own:
+            meta["sampling"] = {k: own.get(k) for k in ("temperature", "top_p", "top_k", "seed")}
         if cell.method.name != "none" and r.per_step_accepted is not None:
             meta["observed"] = {
                 "method": observed_name,
@@ -328,7 +335,10 @@ def build_row(
             },
             "lossless": None,
             "lossless_detail": None,
-            "copies_identical": copies_identical(res) if cell.batching == "replicate" else None,
+            # sampled copies draw with their own seeds: they are meant to differ
+            "copies_identical": copies_identical(res)
+            if cell.batching == "replicate" and not cell.sampled
+            else None,
             "steps": res.steps,
             # vLLM's spec-decode counters over the cell (the server-mode cross-check compares them with /metrics)
             "spec_counters": None if res.spec_counters is None else asdict(res.spec_counters),
@@ -375,6 +385,10 @@ def apply_baseline(
         row["speedup"] = t / b
     if row.get("runs"):  # repeats: the median of matched pairs instead of the ratio of medians
         apply_pairs(row, baseline_row)
+    if is_sampled_row(row):  # token-exactness does not apply to sampled decoding (docs/bench.md)
+        row["lossless"] = None
+        row["lossless_detail"] = "sampled decoding: token-exactness against no SD does not apply"
+        return
     if res is not None and baseline_out is not None:
         ok, detail = lossless_check(res, baseline_out)
         if row["dtype"] != "float32" and ok is False:

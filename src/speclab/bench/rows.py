@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from speclab.bench.results import RESULTS, apply_baseline, parse_rows
+from speclab.bench.sampling import row_setting
 from speclab.errors import ConfigError
 
 
@@ -49,6 +50,7 @@ def baseline_match(r: dict[str, Any]) -> tuple[Any, ...]:
         r.get("num_prompts"),
         r.get("max_tokens"),
         r.get("seed"),
+        row_setting(r),  # the sampling setting (rows without one: greedy)
     )
 
 

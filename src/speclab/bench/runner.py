@@ -44,6 +44,7 @@ from speclab.bench.results import (
     write_run_files,
     write_trace_part,
 )
+from speclab.bench.sampling import cell_prompts
 from speclab.bench.spec import SweepSpec
 from speclab.bench.strategy import EngineStrategy, SerialStrategy
 from speclab.engine.launch import ResultTail
@@ -322,11 +323,12 @@ class SweepRunner(RepeatUnits):
             self._ingest_repeat(cell, res, rep, count)
             return
         trace_part = None
+        sampling, own = self._sampling_of(cell) if res.status == "ok" else ({}, set())
         if res.status == "ok":
             trace_part = write_trace_part(
                 self.run_dir,
                 cell.cell_id,
-                trace_records(cell, res, prompts, category, self.spec.max_model_len),
+                trace_records(cell, res, prompts, category, self.spec.max_model_len, sampling),
             )
         base_row, base_out = self._baseline_for(cell)
         row = build_row(
@@ -338,6 +340,8 @@ class SweepRunner(RepeatUnits):
             baseline_row=base_row,
             baseline_out=base_out,
         )
+        if cell.setting.sampling == "as-logged" and res.status == "ok":
+            row["requests_own_settings"] = sum(1 for r in res.requests if r.id in own)
         if self.spec.repeats > 1 and res.status == "ok":
             row["runs"] = [run_entry(res, 1, (row.get("host") or {}).get("loadavg_1m"))]
             summarise_runs(row)
@@ -350,6 +354,16 @@ class SweepRunner(RepeatUnits):
                 format_cell_line(row) + (f"  [repeat 1/{self.spec.repeats}]" if self.spec.repeats > 1 else "")
             )
             self._progress.advance()
+
+    def _sampling_of(self, cell: Cell) -> tuple[dict[str, dict[str, Any]], set[str]]:
+        """Each request's sampling in the cell (prompt id -> PromptSpec.sampling; empty for greedy cells) and
+        the ids of the requests that ran with their own logged settings (bench/sampling.py)."""
+        if not cell.sampled:
+            return {}, set()
+        specs, own = cell_prompts(
+            cell.setting, cell.seed, self.prompts_for(cell.workload), self.spec.max_model_len
+        )
+        return {p.id: p.sampling for p in specs if p.sampling}, own
 
     def _baseline_for(self, cell: Cell) -> tuple[dict[str, Any] | None, dict[str, list[int]] | None]:
         assert self.store is not None
@@ -382,7 +396,10 @@ class SweepRunner(RepeatUnits):
                 apply_pairs(row, base_row)
                 self.store.put(row)
             redone = base_row["cell_id"] in self._redone
-            if row.get("speedup") is not None and row.get("lossless") is not None and not redone:
+            exact_done = (
+                row.get("lossless") is not None or c.sampled
+            )  # sampled: token-exactness does not apply
+            if row.get("speedup") is not None and exact_done and not redone:
                 continue
             mine = baseline_outputs(self.run_dir, row)
             fake = CellResult(

@@ -16,6 +16,7 @@ from speclab.bench.repeats import (
     row_pressure,
 )
 from speclab.bench.rows import fill_speedups, read_rows
+from speclab.bench.sampling import has_sampled, is_sampled_row, row_setting, setting_text
 
 
 def load_rows(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -25,10 +26,12 @@ def load_rows(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def _sort_key(r: dict[str, Any], method_order: dict[str, int]) -> tuple:
+    mode, temp, _, _ = row_setting(r)
     return (
         r.get("workload", ""),
         r.get("batching", ""),
         r.get("batch_size", 0),
+        (mode == "as-logged", temp or 0.0, setting_text(r)),
         method_order.get(r.get("label", ""), 99),
     )
 
@@ -111,6 +114,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         for row, r in zip(table, rows, strict=True):
             row[6:6] = [str(r.get("repeats") or 1), _range(r.get("speedup_spread"))]
         right = {2, 4, 5, 6, 7, 8, 11, 12, 13}
+    if has_sampled(rows):  # the sampling temperature (or "as logged") after the method
+        header.insert(4, "T")
+        for row, r in zip(table, rows, strict=True):
+            row.insert(4, setting_text(r))
+        right = {i + 1 if i >= 4 else i for i in right}
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(header)]
     lines = []
 
@@ -136,8 +144,10 @@ def format_speedup_summary(rows: list[dict[str, Any]], noise: dict[str, Any] | N
     sizes = sorted({r["batch_size"] for r in ok})
     keys: list[tuple[str, str, str]] = []
     cell: dict[tuple[str, str, str, int], str] = {}
+    sampled = has_sampled(rows)
     for r in ok:
-        k = (r["workload"], r["batching"], r.get("label", r["method"]))
+        label = str(r.get("label", r["method"]))
+        k = (r["workload"], r["batching"], f"{label} T={setting_text(r)}" if sampled else label)
         if k not in keys:
             keys.append(k)
         unsure = evidence(r, by_id.get(str(r.get("baseline_cell_id"))), noise)[0] == "unsure"
@@ -208,6 +218,13 @@ def format_run(run_dir: str | Path) -> str:
     if exact:
         n = sum(1 for r in exact if r["lossless"])
         parts += ["", f"token-exact vs no-SD: {n}/{len(exact)} SD cells"]
+    n_sampled = sum(1 for r in rows if r.get("method") != "none" and is_sampled_row(r))
+    if n_sampled:
+        parts += [
+            "",
+            f"sampled decoding: {n_sampled} SD cell(s) at T > 0 or as logged; token-exactness does not apply "
+            "to them (docs/bench.md, Sampled decoding)",
+        ]
     spread = startup_note(rd)
     if spread:
         parts += ["", f"engine start-ups: {spread}"]

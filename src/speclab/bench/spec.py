@@ -61,6 +61,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from speclab.bench.sampling import SAMPLING_KEYS, parse_sampling
 from speclab.bench.server_spec import ServerSpec, parse_server
 from speclab.bench.spec_methods import (
     METHOD_KEYS,
@@ -103,6 +104,7 @@ TOP_KEYS = {
     "repeats",
     "restart_each_repeat",
     "server",
+    *SAMPLING_KEYS,
 }
 ENGINE_KEYS = {"max_model_len", "enforce_eager", "kv_cache_gib", "llm_kwargs", "max_num_seqs"}
 
@@ -138,6 +140,12 @@ class SweepSpec:
     restart_each_repeat: bool = False
     # server mode (`speclab bench SWEEP --server`): the loads each engine is served at (bench/server_spec.py)
     server: ServerSpec | None = None
+    # sampling, a cell axis (bench/sampling.py): each temperature is its own cell; "as-logged" runs each
+    # request of a request log with its own logged settings
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    top_p: float = 1.0
+    top_k: int = 0
+    sampling: str = "fixed"
 
     @property
     def prompt_budget(self) -> int:
@@ -162,6 +170,10 @@ class SweepSpec:
             "seed": self.seed,
             "repeats": self.repeats,
             "restart_each_repeat": self.restart_each_repeat,
+            "sampling": self.sampling,
+            "temperatures": self.temperatures,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
             "engine": {
                 "max_model_len": self.max_model_len,
                 "enforce_eager": self.enforce_eager,
@@ -314,6 +326,10 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
     if not isinstance(restart_each_repeat, bool):
         raise ConfigError(f"{src}: field restart_each_repeat: expected true or false")
     engine = _engine(data, src, sizes, max_tokens)
+    from speclab.workloads.files import FILE_PREFIX
+
+    on_file = {w for w in workloads if w in files or w.startswith(FILE_PREFIX)}
+    sampling = parse_sampling(data, src, workloads, on_file)
     server = parse_server(data["server"], src) if "server" in data else None
     sources = data.get("workload_sources", {})
     if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
@@ -337,6 +353,7 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
         workload_files=files,
         source=source,
         server=server,
+        **sampling,
     )
 
 

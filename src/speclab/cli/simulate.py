@@ -228,18 +228,18 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
         recommend_and_print(traces, cost_model, _parse_sizes(batch_sizes), recommend_kmax, as_json)
         if not policies:
             return
-    opts = dict(
-        ngram_miss_heuristic=heuristic,
-        combine_draft=combine_draft,
-        switch_overhead=switch_overhead,
-        linear_draft_kv=linear_draft_kv,
-        continuous_measure=continuous_measure,
-        lengths=lengths,
-        rules=rules,
-        sample=sample,
-        engine=engine,
-        draws=draws,
-    )
+    opts = {
+        "ngram_miss_heuristic": heuristic,
+        "combine_draft": combine_draft,
+        "switch_overhead": switch_overhead,
+        "linear_draft_kv": linear_draft_kv,
+        "continuous_measure": continuous_measure,
+        "lengths": lengths,
+        "rules": rules,
+        "sample": sample,
+        "engine": engine,
+        "draws": draws,
+    }
     set_of, results = _run(sets, cost_model, policies, batching, sizes, aggregate, seed, ray_address, opts)
     emit(
         results,

@@ -13,6 +13,7 @@ from speclab.catalog import NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.cli.options import INT32_MAX, choice_option, limit_option, seed_option
 from speclab.cli.trace_sampled import crosscheck_expected, make_scorer, records_target
 from speclab.errors import ConfigError
+from speclab.replay.generate import GENERATORS
 
 _COUNT = click.IntRange(1, 1 << 24)  # lengths, depths and n-gram sizes: bounded, so nothing overflows
 
@@ -85,7 +86,7 @@ def _progress(desc: str):
 )
 @choice_option(
     "--generator",
-    choices=["engine", "transformers"],
+    choices=GENERATORS,
     default="engine",
     help="--workload outputs from: engine (all prompts batched on a vLLM engine, as the bench runs them) or "
     "transformers (one request at a time, no vLLM needed; slower). Greedy fp32 either way, same tokens.",

@@ -136,15 +136,7 @@ def greedy_tokens(
         mask[r, width - len(p) :] = 1
     cache = DynamicCache()
     pos = (mask.cumsum(1) - 1).clamp(min=0)
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=pos,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    nxt = out.logits[:, -1].argmax(-1)
+    nxt = _next_greedy(model, ids, mask, pos, cache)
     done = [False] * b
     for step in range(max_new_tokens):
         for r in range(b):
@@ -155,16 +147,15 @@ def greedy_tokens(
             break  # the last token appended is never fed
         mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.long)], 1)
         pos = mask.sum(1, keepdim=True) - 1
-        out = model(
-            input_ids=nxt[:, None],
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        nxt = out.logits[:, -1].argmax(-1)
+        nxt = _next_greedy(model, nxt[:, None], mask, pos, cache)
     return toks
+
+
+def _next_greedy(model: Any, ids: Any, mask: Any, pos: Any, cache: Any) -> Any:
+    """One forward over ids (extending the KV cache), computing only the last position's logits; its argmax."""
+    cached = {"past_key_values": cache, "use_cache": True}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1, **cached)
+    return out.logits[:, -1].argmax(-1)
 
 
 @torch.inference_mode()

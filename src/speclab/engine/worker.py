@@ -258,7 +258,10 @@ class Engine:
                 outputs.update(done)
                 steps += n
         else:
-            reqs = [((p.id, 0), p.prompt_token_ids, self._params(cell.max_tokens, p.sampling)) for p in cell.prompts]
+            reqs = [
+                ((p.id, 0), p.prompt_token_ids, self._params(cell.max_tokens, p.sampling))
+                for p in cell.prompts
+            ]
             outputs, steps = self.drive(reqs, cell.batch_size)
         elapsed = time.perf_counter() - t0
         stall1 = cpu_stall_us()

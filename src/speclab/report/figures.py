@@ -60,6 +60,17 @@ def _grid(n: int, ncols: int = 3, w: float = 5.0, h: float = 3.8) -> tuple[MplFi
     return fig, axes[:n]
 
 
+def _legend_below(fig: MplFigure, axes: list[Any], ncols: int, fontsize: float = 8) -> None:
+    """One legend for all panels, below them (so it hides no line): each label once, first handle kept."""
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for hnd, lbl in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lbl, hnd)
+    fig.legend(
+        list(handles.values()), list(handles), loc="outside lower center", ncols=ncols, fontsize=fontsize
+    )
+
+
 def _png(fig: MplFigure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, facecolor="white")
@@ -128,12 +139,7 @@ def speedup_vs_batch(rows: list[dict[str, Any]] | None, gap: dict[str, Any] | No
         ax.set_ylabel("speedup vs no SD")
         ax.set_title(wl)
         ax.grid(alpha=0.3)
-    # one legend for all panels, below them, so it hides no line
-    handles: dict[str, Any] = {}
-    for ax in axes:
-        for hnd, lbl in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(lbl, hnd)
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=3, fontsize=8)
+    _legend_below(fig, axes, ncols=3, fontsize=8)
     return Figure(
         "speedup_vs_batch.png",
         "Speedup vs batch size",

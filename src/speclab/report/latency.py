@@ -11,7 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 from speclab.bench.repeats import contended, row_pressure
-from speclab.report.figures import Figure, _color_map, _grid, _png
+from speclab.report.figures import Figure, _color_map, _grid, _legend_below, _png
 from speclab.report.html import esc, figure_or_missing, missing, table
 from speclab.server.crosscheck import server_vs_offline
 from speclab.server.show import load_key, load_text
@@ -66,11 +66,7 @@ def latency_vs_load(rows: list[dict[str, Any]] | None) -> Figure | None:
             ax.set_title(f"{wl}: {ylabel.split()[0]} vs {kind}")
             ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
-    handles: dict[str, Any] = {}
-    for ax in axes:
-        for hnd, lbl in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(lbl, hnd)
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=4, fontsize=8)
+    _legend_below(fig, axes, ncols=4, fontsize=8)
     return Figure(
         "latency_vs_load.png",
         "Latency against load, with and without SD",

@@ -7,13 +7,40 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from speclab.report.figures import Figure, _color_map, _grid, _png
+from speclab.report.figures import Figure, _color_map, _grid, _legend_below, _png
+
+SPEEDUP_CAPTION = (
+    "One panel per workload and batch size, one line per configuration; printed values are the table's "
+    "speedups (median of matched pairs). Filled dot: the noise supports a verdict (faster or slower than "
+    "no SD); hollow dot: cannot tell. Pale bar: the matched pairs' range. Red cross: engine fault flagged "
+    "on that cell. Grey line: 1x.",
+)
+
+ACCEPTANCE_CAPTION = (
+    "The engine's acceptance rate of the draft at each position (bench rows' acceptance_rate_per_pos: "
+    "the share of steps whose draft at that position was accepted), mean over the batch sizes measured; "
+    "one panel per workload and configuration. Red band: a cell at that temperature is flagged as an "
+    "engine fault.",
+)
 
 
 def _axis(cs: list[dict[str, Any]]) -> tuple[list[Any], dict[Any, int]]:
     """The settings measured, in order (greedy first, as logged last), and each one's x position."""
     keys = sorted({c["key"] for c in cs})
     return keys, {k: i for i, k in enumerate(keys)}
+
+
+def _finish(fig: Any, axes: list[Any], ncols: int, name: str, title: str, caption: str) -> Figure:
+    """The shared legend below the panels, and the figure as a PNG."""
+    _legend_below(fig, axes, ncols=ncols, fontsize=8.5)
+    return Figure(name, title, caption, _png(fig))
+
+
+def _label(ax: Any, cs: list[dict[str, Any]], keys: list[Any], ylabel: str, title: str) -> None:
+    """A panel's temperature ticks, y label and title."""
+    _ticks(ax, cs, keys)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
 
 
 def _ticks(ax: Any, cs: list[dict[str, Any]], keys: list[Any]) -> None:
@@ -56,23 +83,8 @@ def speedup_vs_temperature(cs: list[dict[str, Any]]) -> Figure | None:
                     ax.plot(x, y, "x", ms=11, mew=2.5, color="#c00000")
                 ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(5, 3), fontsize=7.5)
         ax.axhline(1.0, color="grey", lw=1)
-        _ticks(ax, ok, keys)
-        ax.set_ylabel("speedup vs no SD")
-        ax.set_title(f"{key[0]} ({key[1]}), batch {key[2]}", fontsize=10)
-    handles: dict[str, Any] = {}
-    for ax in axes:
-        for hnd, lbl in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(lbl, hnd)
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=6, fontsize=8.5)
-    return Figure(
-        "speedup_vs_temperature.png",
-        "Speedup vs temperature",
-        "One panel per workload and batch size, one line per configuration; printed values are the table's "
-        "speedups (median of matched pairs). Filled dot: the noise supports a verdict (faster or slower than "
-        "no SD); hollow dot: cannot tell. Pale bar: the matched pairs' range. Red cross: engine fault flagged "
-        "on that cell. Grey line: 1x.",
-        _png(fig),
-    )
+        _label(ax, ok, keys, "speedup vs no SD", f"{key[0]} ({key[1]}), batch {key[2]}")
+    return _finish(fig, axes, 6, "speedup_vs_temperature.png", "Speedup vs temperature", SPEEDUP_CAPTION)
 
 
 def acceptance_vs_temperature(cs: list[dict[str, Any]]) -> Figure | None:
@@ -107,20 +119,6 @@ def acceptance_vs_temperature(cs: list[dict[str, Any]]) -> Figure | None:
         for k in flagged[key]:
             ax.axvspan(xpos[k] - 0.3, xpos[k] + 0.3, color="#c00000", alpha=0.12, lw=0)
         ax.set_ylim(-0.03, 1.03)
-        _ticks(ax, ok, keys)
-        ax.set_ylabel("acceptance rate")
-        ax.set_title(f"{key[0]}: {key[1]}", fontsize=10)
-    handles: dict[str, Any] = {}
-    for ax in axes:
-        for hnd, lbl in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(lbl, hnd)
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=8, fontsize=8.5)
-    return Figure(
-        "acceptance_vs_temperature.png",
-        "Engine acceptance per position vs temperature",
-        "The engine's acceptance rate of the draft at each position (bench rows' acceptance_rate_per_pos: "
-        "the share of steps whose draft at that position was accepted), mean over the batch sizes measured; "
-        "one panel per workload and configuration. Red band: a cell at that temperature is flagged as an "
-        "engine fault.",
-        _png(fig),
-    )
+        _label(ax, ok, keys, "acceptance rate", f"{key[0]}: {key[1]}")
+    title = "Engine acceptance per position vs temperature"
+    return _finish(fig, axes, 8, "acceptance_vs_temperature.png", title, ACCEPTANCE_CAPTION)

@@ -2,7 +2,7 @@
 
 Ids follow the offline cells' pattern, `<label>.<workload>.srv-r<rate>.<hash>` or `...srv-c<N>.<hash>`; the
 hash covers everything the cell measures (target, dtype, prompts, max tokens, seed, engine settings, the load,
-burstiness, ignore_eos and the SLO), so a rerun skips finished cells and a changed setting makes a new cell.
+burstiness, ignore_eos, the SLO and a sampling setting other than greedy), so a rerun skips finished cells and a changed setting makes a new cell.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speclab.bench.cells import digest, engine_settings, engine_spec
+from speclab.bench.sampling import Setting, sweep_settings
 from speclab.bench.spec import MethodEntry, SweepSpec
 from speclab.engine.protocol import EngineSpec
 from speclab.errors import ConfigError
@@ -30,7 +31,8 @@ class ServerCell:
     request_rate: float | None  # open loop (Poisson at this rate), or
     concurrency: int | None  # closed loop (all queued at once, at most N in flight)
     num_prompts: int
-    baseline_key: str  # equal for a cell and its no-SD cell at the same load
+    baseline_key: str  # equal for a cell and its no-SD cell at the same load (and sampling setting)
+    setting: Setting = field(default_factory=Setting)  # sampling (bench/sampling.py); default: greedy
 
     @property
     def is_baseline(self) -> bool:
@@ -66,6 +68,7 @@ class ServerCell:
             "ignore_eos": sv.ignore_eos,
             "slo_ms": dict(sv.slo),
             "seed": spec.seed,
+            **self.setting.row_fields(),
         }
 
 
@@ -92,7 +95,7 @@ def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
             if m.workloads is not None and w not in m.workloads:
                 continue
             fp = file_fingerprint(w, spec.workload_files)
-            for rate, conc in loads:
+            for (rate, conc), st in ((ld, st) for ld in loads for st in sweep_settings(spec)):
                 common: dict[str, Any] = {
                     "mode": "server",
                     "target": spec.target,
@@ -110,8 +113,11 @@ def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
                 }
                 if fp is not None:
                     common["file_sha256"] = fp
+                if not st.is_default:  # sampled cells only: greedy cells keep their ids
+                    common["sampling"] = st.key()
                 h = digest({"common": common, "method": m.name, "k": m.k, "options": m.options})
                 load = f"srv-r{rate:g}" if rate is not None else f"srv-c{conc}"
+                load += f".{st.tag()}" if st.tag() else ""
                 cells.append(
                     ServerCell(
                         cell_id=f"{m.label}.{w}.{load}.{h}",
@@ -122,6 +128,7 @@ def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
                         concurrency=conc,
                         num_prompts=n,
                         baseline_key=digest(common),
+                        setting=st,
                     )
                 )
     cells.sort(key=lambda c: 0 if c.is_baseline else 1)

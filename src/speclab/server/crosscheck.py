@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from speclab.bench.sampling import is_sampled_row
 from speclab.engine.protocol import SpecCounters
 
 FIELDS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos")
@@ -77,6 +78,8 @@ def server_vs_offline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for s in server:
         if s.get("status") != "ok" or s.get("method") == "none" or s.get("ignore_eos"):
+            continue
+        if is_sampled_row(s):  # drafts and acceptances of a sampled request depend on its draws: greedy only
             continue
         sc = counters_from_row(s)
         for o in offline:

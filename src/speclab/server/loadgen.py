@@ -9,7 +9,10 @@ TPOT / ITL / goodput arithmetic and result JSON), with one step replaced: the da
 A server cell must send exactly the token ids the offline bench ran (rendered once by
 speclab.bench.preflight), so that its acceptance can be compared with the offline engine's counters for the
 same requests; vLLM's completions backends send a `prompt` given as token ids unchanged. PROMPTS.jsonl has
-one line per request, in order: {"id": str, "prompt_token_ids": [int], "max_tokens": int}.
+one line per request, in order: {"id": str, "prompt_token_ids": [int], "max_tokens": int}, and for a sampled
+cell "sampling": {temperature, top_p, top_k, seed, max_tokens} (PromptSpec.sampling): sent as the request's
+own body fields (SampleRequest.request_overrides, merged over the command line's `--temperature 0`), so every
+request draws with the same seed as offline.
 
 `load_requests` builds vLLM's own `SampleRequest`s from it; `main` installs them in place of
 `vllm.benchmarks.serve.get_samples` and runs `vllm.benchmarks.serve.main`. The caller passes
@@ -25,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from speclab.atomic import atomic_write_text
-from speclab.errors import SpeclabError
+from speclab.engine.request_sampling import check_sampling
+from speclab.errors import ConfigError, SpeclabError
 
 
 def read_prompts(path: str | Path) -> list[dict[str, Any]]:
@@ -36,22 +40,44 @@ def read_prompts(path: str | Path) -> list[dict[str, Any]]:
         try:
             d = json.loads(line)
             ids = [int(t) for t in d["prompt_token_ids"]]
-            out.append({"id": str(d["id"]), "prompt_token_ids": ids, "max_tokens": int(d["max_tokens"])})
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            p = {"id": str(d["id"]), "prompt_token_ids": ids, "max_tokens": int(d["max_tokens"])}
+            if d.get("sampling"):
+                p["sampling"] = check_sampling(d["sampling"], f"{path}:{i}")
+            out.append(p)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, ConfigError) as exc:
             raise SpeclabError(f"{path}:{i}: not a prompt line ({exc})") from None
     if not out:
         raise SpeclabError(f"{path}: no prompts")
     return out
 
 
-def write_prompts(path: str | Path, prompts: list[tuple[str, list[int]]], max_tokens: int) -> None:
-    atomic_write_text(
-        path,
-        "".join(
-            json.dumps({"id": pid, "prompt_token_ids": ids, "max_tokens": max_tokens}) + "\n"
-            for pid, ids in prompts
-        ),
-    )
+def write_prompts(
+    path: str | Path,
+    prompts: list[tuple[str, list[int]]],
+    max_tokens: int,
+    sampling: list[dict[str, Any] | None] | None = None,
+) -> None:
+    """One line per request; `sampling`: each request's settings (PromptSpec.sampling), None for greedy."""
+    lines = []
+    for i, (pid, ids) in enumerate(prompts):
+        d: dict[str, Any] = {"id": pid, "prompt_token_ids": ids, "max_tokens": max_tokens}
+        s = sampling[i] if sampling else None
+        if s:
+            d["sampling"] = s
+            d["max_tokens"] = int(s.get("max_tokens") or max_tokens)
+        lines.append(json.dumps(d) + "\n")
+    atomic_write_text(path, "".join(lines))
+
+
+def request_overrides(sampling: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The request-body fields that send one request's sampling settings to vLLM's OpenAI server (merged
+    over the command line's --temperature 0 by `vllm bench serve`; max_tokens is the request's own)."""
+    if not sampling:
+        return None
+    out: dict[str, Any] = {k: sampling[k] for k in ("temperature", "top_p", "seed") if k in sampling}
+    if sampling.get("top_k"):
+        out["top_k"] = int(sampling["top_k"])
+    return out
 
 
 def load_requests(path: str | Path, num_prompts: int, request_id_prefix: str = "") -> list[Any]:
@@ -67,6 +93,7 @@ def load_requests(path: str | Path, num_prompts: int, request_id_prefix: str = "
             prompt_len=len(p["prompt_token_ids"]),
             expected_output_len=p["max_tokens"],
             request_id=f"{request_id_prefix}{i}",
+            request_overrides=request_overrides(p.get("sampling")),
         )
         for i, p in enumerate(prompts[:num_prompts])
     ]

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from speclab.bench.sampling import is_sampled_row
 from speclab.engine.measure import loadavg
 from speclab.errors import SpeclabError
 from speclab.server.metrics import ServerCounters
@@ -152,6 +153,10 @@ def apply_server_baseline(
     if row.get("method") == "none" or not base_row or base_row.get("status") != "ok":
         return
     row["baseline_cell_id"] = base_row["cell_id"]
+    if is_sampled_row(row):  # token-exactness does not apply to sampled decoding
+        row["lossless"] = None
+        row["lossless_detail"] = "sampled decoding: token-exactness against no SD does not apply"
+        return
     if mine is None or base is None or len(mine) != len(base):
         row["lossless"], row["lossless_detail"] = None, "generated texts not available on both sides"
         return

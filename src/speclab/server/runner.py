@@ -3,7 +3,8 @@
 RUN/results.jsonl as the offline cells (marked `"mode": "server"`).
 
 Layout added to a run directory:
-  server/prompts/<workload>-<hash>.jsonl      the token-id prompts every server cell of that workload sends
+  server/prompts/<workload>-<hash>.jsonl      the token-id prompts (and each request's sampling settings) the
+                                              server cells of that workload and sampling setting send
   server/<engine>/attempt-<n>/                serve.yaml (the server's settings), command.txt, server.log
   server/cells/<cell>/result.json, loadgen.log   vllm bench serve's own result (per-request detail) and output
 
@@ -31,6 +32,7 @@ from speclab.bench.preflight import PromptSet
 from speclab.bench.repeats import contended, row_pressure
 from speclab.bench.results import ResultsStore, run_lock, write_run_files
 from speclab.bench.runner import SweepOutcome
+from speclab.bench.sampling import cell_prompts, is_sampled_row
 from speclab.bench.spec import SweepSpec
 from speclab.engine.launch import describe_exit, log_tail, spawn_child
 from speclab.engine.worker import cpu_stall_us
@@ -43,6 +45,8 @@ from speclab.server.process import Server, loopback_env
 from speclab.server.rows import apply_server_baseline, build_server_row, generated_texts, read_result
 
 SERVER_DIR = "server"
+# a cell's prompts: the file, the first prompt's ids, the category, the count, how many run with own settings
+Prompts = tuple[Path, list[int], str, int, int]
 
 
 def _safe(name: str) -> str:
@@ -131,19 +135,28 @@ class ServerRunner:
             rows=rows,
         )
 
-    def _prompts_file(self, workload: str, n: int) -> tuple[Path, list[int], str, int]:
-        """The workload's prompts file (first n prompts), the first prompt's ids, its category and count."""
+    def _prompts_file(self, cell: ServerCell) -> Prompts:
+        """The prompts file of a cell's workload and sampling setting (first n prompts, each with its sampling
+        settings), the first prompt's ids, its category, the count and how many run with their own logged
+        settings (sampling = "as-logged")."""
+        workload, n = cell.workload, cell.num_prompts
         ps = self.provider(workload)
-        prompts = [(p.id, list(p.prompt_token_ids)) for p in ps.prompts[:n]]
+        specs, own = cell_prompts(cell.setting, self.spec.seed, ps, self.spec.max_model_len)
+        specs = specs[:n]
+        prompts = [(p.id, list(p.prompt_token_ids)) for p in specs]
+        sampling = [p.sampling for p in specs]
         if len(prompts) < n:
             self.echo(f"note: {workload}: only {len(prompts)} prompts (asked for {n})")
-        blob = json.dumps([prompts, self.spec.max_tokens], separators=(",", ":"))
+        # greedy: the blob (and file name) every greedy run had
+        blob = json.dumps(
+            [prompts, self.spec.max_tokens] + ([sampling] if any(sampling) else []), separators=(",", ":")
+        )
         digest = hashlib.sha1(blob.encode()).hexdigest()[:8]
         path = self.run_dir / SERVER_DIR / "prompts" / f"{_safe(workload)}-{digest}.jsonl"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_prompts(path, prompts, self.spec.max_tokens)
-        return path, prompts[0][1], ps.category, len(prompts)
+            write_prompts(path, prompts, self.spec.max_tokens, sampling)
+        return path, prompts[0][1], ps.category, len(prompts), sum(1 for p in specs if p.id in own)
 
     def _attempt_dir(self, g: ServerGroup) -> Path:
         base = self.run_dir / SERVER_DIR / g.engine_id
@@ -153,7 +166,7 @@ class ServerRunner:
         return base / f"attempt-{n}"
 
     def _run_group(self, g: ServerGroup, gi: int, ng: int) -> None:
-        files = {c.workload: self._prompts_file(c.workload, c.num_prompts) for c in g.cells}
+        files = {c.cell_id: self._prompts_file(c) for c in g.cells}
         workdir = self._attempt_dir(g)
         self.echo(f"[server {gi}/{ng}] {g.engine_id}: starting vllm serve ({len(g.cells)} cell(s))")
         server = Server(g.engine, workdir, self.sv.startup_timeout_s)
@@ -161,11 +174,11 @@ class ServerRunner:
         try:
             with server:
                 self.echo(f"  healthy at {server.url} after {server.startup_s:.0f} s")
-                first = files[remaining[0].workload][1]
+                first = files[remaining[0].cell_id][1]
                 server.warmup(first[:32])
                 while remaining:
                     cell = remaining[0]  # popped once recorded: a crash mid-cell fails this cell too
-                    self._run_cell(server, g, cell, files[cell.workload], workdir)
+                    self._run_cell(server, g, cell, files[cell.cell_id], workdir)
                     remaining.pop(0)
                     if server.proc is not None and server.proc.poll() is not None:
                         rc = server.proc.returncode
@@ -198,17 +211,19 @@ class ServerRunner:
         server: Server,
         g: ServerGroup,
         cell: ServerCell,
-        prompts: tuple[Path, list[int], str, int],
+        prompts: Prompts,
         workdir: Path,
     ) -> None:
         assert self.store is not None
-        path, _, category, n = prompts
+        path, _, category, n, own = prompts
         celldir = self.run_dir / SERVER_DIR / "cells" / _safe(cell.cell_id)
         celldir.mkdir(parents=True, exist_ok=True)
         result_path = celldir / "result.json"
         result_path.unlink(missing_ok=True)
         settings = cell.describe(self.spec)
         settings["num_prompts"] = n
+        if cell.setting.sampling == "as-logged":
+            settings["requests_own_settings"] = own
         cmd = loadgen_command(
             prompts=path.resolve(),
             base_url=server.url,
@@ -298,6 +313,8 @@ class ServerRunner:
         for c in self.cells:
             row = self.store.rows.get(c.cell_id)
             if c.is_baseline or row is None or row.get("status") != "ok" or row.get("lossless") is not None:
+                continue
+            if is_sampled_row(row):  # token-exactness does not apply
                 continue
             base_row, base_texts = self._baseline(c)
             if base_texts is None or not row.get("result_file"):

@@ -7,6 +7,7 @@ from typing import Any
 
 from speclab.bench.repeats import contended, row_pressure
 from speclab.bench.rows import read_rows
+from speclab.bench.sampling import has_sampled, setting_text
 from speclab.server.crosscheck import server_vs_offline
 
 
@@ -44,7 +45,11 @@ def format_server_table(rows: list[dict[str, Any]]) -> str:
     order: dict[str, int] = {}
     for r in rows:
         order.setdefault(str(r.get("label")), len(order) + (0 if r.get("method") == "none" else 1))
-    rows = sorted(rows, key=lambda r: (str(r.get("workload")), load_key(r), order[str(r.get("label"))]))
+    sampled = has_sampled(rows)  # then the method column names each row's temperature (or "as logged")
+    rows = sorted(
+        rows,
+        key=lambda r: (str(r.get("workload")), load_key(r), setting_text(r), order[str(r.get("label"))]),
+    )
     header = [
         "workload",
         "load",
@@ -70,7 +75,7 @@ def format_server_table(rows: list[dict[str, Any]]) -> str:
             [
                 str(r.get("workload")),
                 load_text(r),
-                str(r.get("label")),
+                str(r.get("label")) + (f" T={setting_text(r)}" if sampled else ""),
                 _f(r.get("throughput_tok_s"), ".1f"),
                 _f(_lat(r, "ttft", "p50"), ".0f"),
                 _f(_lat(r, "ttft", "p99"), ".0f"),

@@ -12,10 +12,12 @@ too; any other suffix is read as JSON Lines):
                input) or {"request": {...}}: `messages` (a chat request) or `prompt` (a completions request:
                sent as raw text, no chat template, as the server did)
 Optional on every line: `id` (or `custom_id`), `reference` (a known output), `category`; and the request
-fields `max_tokens`/`max_completion_tokens`, `temperature`, `model` and an arrival time (`timestamp`,
-`arrival_time`, `created_at` or `created`: seconds, milliseconds above 1e11, or ISO 8601). They are kept in
-Prompt.meta: the bench generates the sweep's max_tokens greedily for every prompt and says how many requests
-asked otherwise; arrival times (meta["arrival_s"]) are for a server-mode replay of the real arrival pattern.
+fields `max_tokens`/`max_completion_tokens`, `temperature`, `top_p`, `top_k`, `model` and an arrival time
+(`timestamp`, `arrival_time`, `created_at` or `created`: seconds, milliseconds above 1e11, or ISO 8601). They
+are kept in Prompt.meta: the bench generates the sweep's max_tokens at the sweep's temperatures for every
+prompt and says how many requests asked otherwise, unless the sweep says `sampling = "as-logged"` (each
+request then runs with its own temperature, top_p, top_k and max_tokens: docs/bench.md); arrival times
+(meta["arrival_s"]) are for a server-mode replay of the real arrival pattern.
 """
 
 from __future__ import annotations
@@ -175,7 +177,7 @@ def _arrival(loc: str, fld: str, v: Any) -> float:
 
 
 def _request_fields(loc: str, outer: dict, body: dict, fp: str) -> dict[str, Any]:
-    """max_tokens, temperature, model and the arrival time, where the line has them (kept in meta)."""
+    """max_tokens, temperature, top_p, top_k, model and the arrival time, where the line has them (meta)."""
     meta: dict[str, Any] = {}
     for key in ("max_tokens", "max_completion_tokens"):
         v = body.get(key)
@@ -190,6 +192,16 @@ def _request_fields(loc: str, outer: dict, body: dict, fp: str) -> dict[str, Any
         if isinstance(t, bool) or not isinstance(t, int | float) or not (0 <= t < math.inf):
             raise _bad(loc, fp + "temperature", f"expected a number >= 0, got {show(t)}")
         meta["temperature"] = number(t, f"{loc}: field {fp}temperature", 0.0, MAX_TEMPERATURE, WorkloadError)
+    tp = body.get("top_p")
+    if tp is not None:
+        if isinstance(tp, bool) or not isinstance(tp, int | float) or not 0 < tp <= 1:
+            raise _bad(loc, fp + "top_p", f"expected a number in (0, 1], got {show(tp)}")
+        meta["top_p"] = float(tp)
+    tk = body.get("top_k")
+    if tk is not None and tk != -1:  # -1: off, as vLLM's API takes it
+        if isinstance(tk, bool) or not isinstance(tk, int) or tk < 0:
+            raise _bad(loc, fp + "top_k", f"expected an integer >= 0 (0 or -1: off), got {show(tk)}")
+        meta["top_k"] = integer(tk, f"{loc}: field {fp}top_k", 0, MAX_TOKENS, WorkloadError)
     model = body.get("model")
     if model is not None:
         if not isinstance(model, str):
@@ -365,15 +377,19 @@ class FileWorkload:
         ]
 
 
-def bench_notes(workload: str, prompts: list[Prompt], max_tokens: int) -> list[str]:
-    """What a request log asked for that the bench does differently (said before the run, not hidden)."""
-    notes = []
+def bench_notes(workload: str, prompts: list[Prompt], max_tokens: int, as_logged: bool = False) -> list[str]:
+    """What a request log asked for that the bench does differently (said before the run, not hidden).
+    With `sampling = "as-logged"` every request runs with its own settings: nothing to say."""
+    notes: list[str] = []
+    if as_logged:
+        return notes
     n = len(prompts)
     hot = sum(1 for p in prompts if p.meta.get("temperature", 0.0) > 0)
     if hot:
         notes.append(
             f"note: {workload}: {hot} of {n} requests asked for temperature > 0; the bench decodes greedily "
-            "(temperature 0), so every SD output can be checked token for token against no-SD"
+            '(temperature 0) unless the sweep gives temperatures; sampling = "as-logged" runs each request '
+            "with its own settings"
         )
     asked = [p.meta["max_tokens"] for p in prompts if "max_tokens" in p.meta]
     other = [m for m in asked if m != max_tokens]
