@@ -89,7 +89,8 @@ def _progress(desc: str):
     choices=GENERATORS,
     default="engine",
     help="--workload outputs from: engine (all prompts batched on a vLLM engine, as the bench runs them) or "
-    "transformers (one request at a time, no vLLM needed; slower). Greedy fp32 either way, same tokens.",
+    "transformers (one request at a time, no vLLM needed; slower). Greedy fp32 either way, same tokens; "
+    "sampled outputs (--temperature > 0): engine only.",
 )
 @click.option(
     "--temperature",
