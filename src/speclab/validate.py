@@ -15,6 +15,11 @@ rules. Replayed traces would add the replay's own disagreements with the engine 
 crosscheck` measures those separately). vLLM leaves steps without a proposal out of its per-step
 metrics; their number is known (output length minus the tokens of the recorded steps) but not their
 positions, so they are spread evenly between the recorded steps.
+
+Sampled runs: an SD cell is paired with the baseline cell of the same sampling setting (row fields
+sampling, temperature, top_p, top_k; a row without them is greedy, as is temperature 0), and the summary
+gives the error per setting too. The observed acceptance of a sampled cell is what its draws accepted, so
+it is simulated the same way.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class CellCheck:
     predicted_steps: int | None = None
     baseline_cell_id: str | None = None
     note: str = ""
+    sampling: str = "greedy"  # the cell's sampling setting (sampling_label)
 
 
 @dataclass
@@ -89,6 +95,11 @@ class Validation:
             "contended_cells": sum(
                 1 for c in self.cells if load_is_contended(c.loadavg_1m, c.cpus, c.cpu_pressure)
             ),
+            "by_sampling": {
+                lab: {"sd_cells": len(e), "mean_abs_speedup_err": float(np.mean(e))}
+                for lab in dict.fromkeys(c.sampling for c in self.sd_cells)
+                for e in [[abs(c.speedup_err) for c in self.sd_cells if c.sampling == lab]]
+            },
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,6 +114,24 @@ class Validation:
 
 def _clean(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+def sampling_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """A row's sampling setting, for pairing cells: ("greedy",) (no fields, or temperature 0),
+    ("as-logged",), or ("fixed", temperature, top_p, top_k)."""
+    if row.get("sampling") == "as-logged":
+        return ("as-logged",)
+    t = float(row.get("temperature") or 0.0)
+    if t <= 0.0:
+        return ("greedy",)
+    return ("fixed", t, float(row.get("top_p") or 1.0), int(row.get("top_k") or 0))
+
+
+def sampling_label(key: tuple[Any, ...]) -> str:
+    if key[0] != "fixed":
+        return str(key[0])
+    _, t, top_p, top_k = key
+    return f"T={t:g}" + (f" top-p={top_p:g}" if top_p < 1.0 else "") + (f" top-k={top_k}" if top_k else "")
 
 
 def observed_trace(rec: RequestTrace, k: int) -> MethodTrace | None:
@@ -202,7 +231,7 @@ def validate_run(run: str | Path, cost_model: str | CostModel | None = None, fit
         cm, desc = _load_cost_model(run, cost_model, fit)
     labels = dict(zip((r["cell_id"] for r in rows), entry_labels(rows), strict=True))
     ok = [r for r in rows if r.get("status") == "ok" and r.get("trace_part")]
-    base_by_match = {baseline_match(r): r for r in ok if r.get("method") == "none"}
+    base_by_match = {(baseline_match(r), sampling_key(r)): r for r in ok if r.get("method") == "none"}
     val = Validation(run=str(run), cost_model=desc)
     predicted: dict[str, float] = {}
     notes: list[str] = []
@@ -226,6 +255,7 @@ def validate_run(run: str | Path, cost_model: str | CostModel | None = None, fit
             loadavg_1m=(r.get("host") or {}).get("loadavg_1m"),
             cpus=(r.get("host") or {}).get("cpus"),
             cpu_pressure=row_pressure(r),
+            sampling=sampling_label(sampling_key(r)),
         )
         val.cells.append(check)
         try:
@@ -248,7 +278,9 @@ def validate_run(run: str | Path, cost_model: str | CostModel | None = None, fit
             check.predicted_speedup = 1.0
             continue
         base = next((b for b in ok if b["cell_id"] == r.get("baseline_cell_id")), None)
-        base = base or base_by_match.get(baseline_match(r))
+        if base is not None and sampling_key(base) != sampling_key(r):
+            base = None  # a baseline of another sampling setting is no baseline for this cell
+        base = base or base_by_match.get((baseline_match(r), sampling_key(r)))
         if base is None or base["cell_id"] not in predicted:
             check.note = check.note or "no baseline cell to compare with"
             continue
@@ -313,7 +345,9 @@ def format_table(val: Validation) -> list[str]:
         f"{'err x':>7} {'steps meas/pred':>15} {'load':>5}",
     ]
     for c in val.cells:
-        name = f"{c.label} {c.workload} {c.batching[:4]}"
+        name = f"{c.label} {c.workload} {c.batching[:4]}" + (
+            "" if c.sampling == "greedy" else f" {c.sampling}"
+        )
         err = f(None if c.speedup_err is None else 100 * c.speedup_err, "+.1f")
         out.append(
             f"{name[:44]:<44} {c.batch_size:>3} {f(c.measured_tok_s, '.1f'):>10} {f(c.predicted_tok_s, '.1f'):>10} "
@@ -328,6 +362,11 @@ def format_table(val: Validation) -> list[str]:
             f"{s['sd_cells']} SD cell(s) (max {100 * s['max_abs_speedup_err']:.1f}%, {s['cells_over_10pct']} "
             f"above 10%); of throughput (all cells): {100 * s['mean_abs_throughput_err']:.1f}%"
         )
+        if len(s["by_sampling"]) > 1 or set(s["by_sampling"]) - {"greedy"}:
+            out += [
+                f"  {lab}: {100 * v['mean_abs_speedup_err']:.1f}% over {v['sd_cells']} SD cell(s)"
+                for lab, v in s["by_sampling"].items()
+            ]
     else:
         out.append("no SD cell with a measured and a predicted speedup")
     if s["contended_cells"]:

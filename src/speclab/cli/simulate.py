@@ -127,6 +127,14 @@ def _unique_stores(stores: tuple[str, ...]) -> list[str]:
 @click.option("--switch-overhead", type=float, default=None, help="Seconds per step with a method switch.")
 @click.option("--sample", type=click.IntRange(min=1), default=None, help="Sample N requests (study's rule).")
 @click.option("--seed", type=int, default=42, show_default=True)
+@click.option(
+    "--draws",
+    type=click.IntRange(0, 10_000),
+    default=8,
+    show_default=True,
+    help="Sampled traces (accept_prob): realisations of each step's accepted count, drawn from --seed; "
+    "figures are their mean, with the speedup's range. Greedy traces: no draws.",
+)
 @click.option("--engine", type=click.Choice(["fast", "reference"]), default="fast", hidden=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON rows instead of a table.")
 @click.option(
@@ -168,6 +176,7 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
     switch_overhead: float | None,
     sample: int | None,
     seed: int,
+    draws: int,
     engine: str,
     as_json: bool,
     csv_path: str | None,
@@ -229,6 +238,7 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
         "rules": rules,
         "sample": sample,
         "engine": engine,
+        "draws": draws,
     }
     set_of, results = _run(sets, cost_model, policies, batching, sizes, aggregate, seed, ray_address, opts)
     emit(

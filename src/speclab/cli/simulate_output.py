@@ -35,6 +35,9 @@ CSV_FIELDS = [
     "tail_share",
     "steady_speedup",
     "steady_throughput_tok_s",
+    "draws",  # sampled traces: realisations averaged, and the speedup's range over them
+    "speedup_min",
+    "speedup_max",
 ]
 
 
@@ -45,6 +48,8 @@ def _rows(results: list) -> list[dict]:
         split = d.pop("time_split_s")
         d.pop("notes")
         d.update({f"{k}_s": v for k, v in split.items()})
+        sp = d.pop("speedup_spread") or {}
+        d.update(speedup_min=sp.get("min"), speedup_max=sp.get("max"))
         rows.append({k: d[k] for k in CSV_FIELDS})
     return rows
 
@@ -75,6 +80,11 @@ def _plot(results: list, path: str, title: str) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format=Path(path).suffix.lower()[1:], dpi=120)
     plt.close(fig)
+
+
+def _spread(r) -> str:
+    sp = r.speedup_spread
+    return f"  [{sp['min']:.2f}-{sp['max']:.2f}x over {sp['n']} draws]"
 
 
 def _continuous_cols(r, measure: str) -> str:
@@ -143,6 +153,7 @@ def emit(
             f"{100 * r.time_split_s['verify'] / tot:>6.1f}% {100 * r.time_split_s['propose'] / tot:>7.1f}% "
             f"{100 * r.time_split_s['overhead'] / tot:>4.1f}% {r.tokens_rejected:>10}"
             + (_continuous_cols(r, continuous_measure) if cont else "")
+            + (_spread(r) if r.speedup_spread else "")
         )
 
 

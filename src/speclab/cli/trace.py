@@ -10,7 +10,8 @@ from typing import Any
 import click
 
 from speclab.catalog import NGRAM_MAX_N, NGRAM_MIN_N
-from speclab.cli.options import INT32_MAX, choice_option, limit_option
+from speclab.cli.options import INT32_MAX, choice_option, limit_option, seed_option
+from speclab.cli.trace_sampled import crosscheck_expected, make_scorer, records_target
 from speclab.errors import ConfigError
 from speclab.replay.generate import GENERATORS
 
@@ -48,7 +49,7 @@ def _method_options(
         if not target:
             raise ConfigError("eagle replay needs --target (the model whose hidden states feed the head)")
         opts["eagle"] = {"head": eagle_head, "target": str(resolve_model(target))}
-    # eagle3: the head is resolved here; the target here or, with --from, from the records (_eagle3_target)
+    # eagle3: the head is resolved here; the target here or, with --from, from the records (records_target)
     opts["eagle3"] = {"max_model_len": max_model_len, "threads": threads}
     if eagle3_head:
         from speclab.models.prepare import resolve_model
@@ -59,19 +60,6 @@ def _method_options(
 
         opts["eagle3"]["target"] = str(resolve_model(target))
     return opts
-
-
-def _eagle3_target(records: list) -> str:
-    """The one target the records were generated with (bench records carry meta["target"])."""
-    from speclab.models.prepare import resolve_model
-
-    names = {r.meta.get("target") for r in records if r.output_token_ids is not None}
-    if len(names) != 1 or None in names:
-        raise ConfigError(
-            "eagle3 replay needs --target (the records name "
-            + (f"several targets: {', '.join(sorted(map(str, names)))})" if len(names) > 1 else "no target)")
-        )
-    return str(resolve_model(str(names.pop()), prepare=False))
 
 
 def _progress(desc: str):
@@ -101,7 +89,27 @@ def _progress(desc: str):
     choices=GENERATORS,
     default="engine",
     help="--workload outputs from: engine (all prompts batched on a vLLM engine, as the bench runs them) or "
-    "transformers (one request at a time, no vLLM needed; slower). Greedy fp32 either way, same tokens.",
+    "transformers (one request at a time, no vLLM needed; slower). Greedy fp32 either way, same tokens; "
+    "sampled outputs (--temperature > 0): engine only.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(0.0, 100.0),
+    default=0.0,
+    show_default=True,
+    help="--workload: sample the outputs at this temperature (0: greedy); sampled records get accept_prob.",
+)
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True,
+              help="--workload sampling: top-p (1: off).")  # fmt: skip
+@click.option("--top-k", type=click.IntRange(0, INT32_MAX), default=0, show_default=True,
+              help="--workload sampling: top-k (0: off).")  # fmt: skip
+@seed_option("--workload sampling: each prompt's seed is derived from this and the prompt's id.", default=0)
+@choice_option(
+    "--draft-sampling",
+    choices=["probabilistic", "greedy"],
+    default="probabilistic",
+    help="Sampled traces, model drafters: expected acceptance for drafts sampled from q (sum-min) or for "
+    "argmax drafts (vLLM's default draft_sample_method, p_T(argmax q)).",
 )
 @click.option("--methods", default="ngram,suffix", show_default=True, help=_METHODS_HELP)
 @click.option("--k-max", default=20, show_default=True, help="Longest proposal replayed per position.")
@@ -158,6 +166,11 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
     limit: int,
     max_tokens: int,
     generator: str,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: int,
+    draft_sampling: str,
     methods: str,
     k_max: int,
     out: str | None,
@@ -206,7 +219,6 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
     if ctx.invoked_subcommand is not None:
         return
     from speclab.replay.replay import load_records, replay_records
-    from speclab.traces import check_method_name
 
     if bool(source) == bool(workload):
         raise click.UsageError("give exactly one of --from STORE_OR_RUN or --workload NAME (with --target)")
@@ -217,22 +229,16 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
 
     if not 1 <= k_max <= K_MAX_LIMIT:
         raise ConfigError(f"--k-max must be in 1..{K_MAX_LIMIT}, got {k_max}")
-    mlist = [m.strip() for m in methods.split(",")]
-    if not all(mlist):
-        raise ConfigError(f"--methods: empty item in {methods!r} (expected comma-separated method names)")
-    for m in mlist:
-        check_method_name(m)
-    options = _method_options(**ctx.obj["opts"])
-    if "eagle3" in mlist and "head" not in options["eagle3"]:
-        from speclab.methods.eagle3 import MISSING_HEAD
-
-        raise ConfigError(MISSING_HEAD)
+    mlist, options = _methods(methods, ctx.obj["opts"])
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
     if source:
+        if temperature > 0:
+            raise click.UsageError("--temperature applies to --workload (--from records keep their sampling)")
         records = load_records(source)
     else:
-        records = _generate(workload, target, limit, max_tokens, threads, generator)
+        records = _generate(workload, target, limit, max_tokens, threads, generator, sampling)
     if "eagle3" in mlist and "target" not in options["eagle3"]:
-        options["eagle3"]["target"] = _eagle3_target(records)
+        options["eagle3"]["target"] = records_target(records)
     with_ids = [r for r in records if r.prompt_token_ids is not None and r.output_token_ids is not None]
     if not with_ids:
         raise ConfigError(
@@ -240,8 +246,9 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
         )
     compare: dict[str, list[int]] = {}
     traced = replay_records(
-        records, mlist, k_max, options, progress=_progress("replay"), skip_missing_ids=True, compare=compare
-    )
+        records, mlist, k_max, options, progress=_progress("replay"), skip_missing_ids=True, compare=compare,
+        scorer=lambda: make_scorer(target, records, threads), draft_sampling=draft_sampling,
+    )  # fmt: skip
     _write(out, traced, force)
     skipped = len(records) - len(with_ids)
     click.echo(
@@ -251,10 +258,28 @@ def command(  # over 100 lines: one parameter per option, then the checks and di
     _summary(mlist, with_ids, compare)
 
 
+def _methods(methods: str, opts: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """--methods checked, and each method's replay options."""
+    from speclab.traces import check_method_name
+
+    mlist = [m.strip() for m in methods.split(",")]
+    if not all(mlist):
+        raise ConfigError(f"--methods: empty item in {methods!r} (expected comma-separated method names)")
+    for m in mlist:
+        check_method_name(m)
+    options = _method_options(**opts)
+    if "eagle3" in mlist and "head" not in options["eagle3"]:
+        from speclab.methods.eagle3 import MISSING_HEAD
+
+        raise ConfigError(MISSING_HEAD)
+    return mlist, options
+
+
 def _generate(
-    workload: str, target: str | None, limit: int, max_tokens: int, threads: int | None, generator: str
-) -> list:
-    """--workload: the target's greedy outputs, generated here (speclab.replay.generate)."""
+    workload: str, target: str | None, limit: int, max_tokens: int, threads: int | None, generator: str,
+    sampling: dict[str, Any],
+) -> list:  # fmt: skip
+    """--workload: the target's outputs (greedy, or sampled), generated here (speclab.replay.generate)."""
     if not target:
         raise click.UsageError("--workload needs --target (the model whose greedy outputs are replayed)")
     from speclab.replay.generate import generate_records
@@ -267,6 +292,7 @@ def _generate(
         threads=threads,
         generator=generator,
         echo=lambda s: click.echo(s, err=True),
+        sampling=sampling,
     )
 
 
@@ -279,8 +305,11 @@ def _summary(mlist: list[str], with_ids: list, compare: dict[str, list[int]]) ->
 
             a = np.concatenate(accs)
             hit = np.concatenate([r.methods[m].num_proposed[1:] > 0 for r in with_ids if r.output_len > 1])
+            exp = [r.methods[m].expected_acc_len() for r in with_ids if m in r.methods and r.output_len > 1]
+            exp = [e[1:] for e in exp if e is not None]
             click.echo(
                 f"  {m:12s} mean acc_len {a.mean():.3f}  proposal rate {hit.mean():.3f}  positions {len(a)}"
+                + (f"  expected acc_len (sampled) {np.concatenate(exp).mean():.3f}" if exp else "")
             )
     for m, (eq, tot) in compare.items():
         click.echo(
@@ -318,12 +347,29 @@ def _write(out: str, records: list, force: bool) -> None:
 @click.option("--force", is_flag=True, help="Replace an existing output file.")
 @click.option("--show", default=5, show_default=True, help="Mismatches to print.")
 @click.option("--by-workload", is_flag=True, help="Break the agreement down per workload.")
+@click.option(
+    "--expected",
+    is_flag=True,
+    help="Sampled runs: the engine's mean acceptance length beside the one expected from the replayed "
+    "acceptance probabilities, per method and temperature, with engine faults flagged.",
+)
+@choice_option("--draft-sampling", choices=["probabilistic", "greedy"], default="probabilistic",
+               help="--expected, model drafters: drafts sampled from q (sum-min) or argmax drafts.")  # fmt: skip
 @click.pass_context
-def crosscheck(
-    ctx: click.Context, run: str, as_json: bool, out: str | None, force: bool, show: int, by_workload: bool
+def crosscheck(  # fmt: skip
+    ctx: click.Context,
+    run: str,
+    as_json: bool,
+    out: str | None,
+    force: bool,
+    show: int,
+    by_workload: bool,
+    expected: bool,
+    draft_sampling: str,
 ) -> None:
     """Replay vs engine: walk the replayed trace the way vLLM steps (skipping accepted positions) and
-    compare with each request's observed per-step accepted/drafted counts; agreement per method."""
+    compare with each request's observed per-step accepted/drafted counts; agreement per method.
+    --expected (sampled runs): measured vs expected mean acceptance length instead."""
     from speclab.atomic import atomic_write_text
     from speclab.replay.crosscheck import crosscheck_records
     from speclab.replay.replay import load_records
@@ -335,6 +381,11 @@ def crosscheck(
 
         output_file(out, [run], force=force)
     records = load_records(run)
+    if expected:
+        payload = crosscheck_expected(run, records, {**opts, "draft_sampling": draft_sampling}, as_json)
+        if out:
+            atomic_write_text(out, json.dumps(payload, indent=2) + "\n")
+        return
     replay_fn, skipped = make_run_replay_fn(Path(run), opts)
     res = crosscheck_records(records, replay_fn, max_model_len=opts["max_model_len"])
     mismatches = res.mismatches()

@@ -171,11 +171,12 @@ class SuffixSpeculator:
         k_max: int,
         keep: bool = True,
         max_model_len: int | None = None,
+        drafts: dict[int, list[int]] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Replay one request alone (as at batch 1) after the requests replayed before: the draft at every
         position p (context prompt + output[:p]), then the request is stopped; its response stays in the
         global tree if `keep`. Position 0 is prefill: its draft is the one the cache would make after the
-        prompt alone (the engine never proposes there)."""
+        prompt alone (the engine never proposes there). `drafts`, if given, receives each position's draft."""
         prompt = _i32(prompt_ids)
         out = _i32(output_ids)
         n = len(out)
@@ -206,6 +207,8 @@ class SuffixSpeculator:
             ).token_ids
             nprop[p] = len(d)
             acc[p] = acc_len_at(d, outl, p)
+            if drafts is not None:
+                drafts[p] = list(d)
         cache.add_active_response(req_id, full[-1:])  # the last token is sampled too
         cache.stop_request(req_id)
         if not keep:

@@ -146,3 +146,86 @@ def crosscheck_records(
         mml = obs.get("max_model_len", rec.meta.get("max_model_len", max_model_len))
         res.per_request.append(check_request(rec, acc, nprop, method, k, obs, mml))
     return res
+
+
+# --- expected acceptance (sampled runs) --------------------------------------------------------------------
+# A sampled run's acceptance is random, so replay cannot predict each step; it predicts its expectation
+# (MethodTrace.accept_prob along the request's output). `expected_check` walks the engine's observed steps
+# over the output (misses where the replay proposes nothing) and adds up, per step, the accepted drafts the
+# engine measured and the ones accept_prob expects at that position for the drafts it made.
+ENGINE_FAULT_RATIO = 0.5  # measured accepted drafts per step below this share of the expectation: a fault
+ENGINE_FAULT_MIN_STEPS = 20  # fewer steps say too little to call a fault
+
+
+@dataclass
+class ExpectedCheck:
+    id: str
+    method: str
+    k: int
+    temperature: float
+    cell_id: str
+    steps: int
+    measured_accepted: int  # accepted drafts over the steps
+    expected_accepted: float
+
+    @property
+    def measured_len(self) -> float:
+        return 1.0 + self.measured_accepted / self.steps if self.steps else float("nan")
+
+    @property
+    def expected_len(self) -> float:
+        return 1.0 + self.expected_accepted / self.steps if self.steps else float("nan")
+
+
+def expected_check(
+    rec: RequestTrace, mt: Any, method: str, k: int, observed: dict[str, Any], temperature: float
+) -> ExpectedCheck:
+    """Walk the observed steps over the output; per step, the expected accepted count from accept_prob at its
+    position for min(drafted, k) drafts: sum_j prod_{i<=j} accept_prob[p, i-1]."""
+    obs_a = [int(v) for v in observed.get("per_step_accepted") or []]
+    obs_d = [int(v) for v in observed.get("per_step_drafted") or []]
+    surv = np.cumprod(mt.accept_prob.astype(np.float64), axis=1)  # P(drafts 1..j all accepted)
+    nprop = mt.num_proposed if mt.num_proposed is not None else np.full(len(mt.acc_len), mt.k_max)
+    n, p, i = len(mt.acc_len), 1, 0
+    chk = ExpectedCheck(rec.id, method, k, temperature, str(rec.meta.get("cell_id", "")), 0, 0, 0.0)
+    while p < n and i < len(obs_a):
+        if min(int(nprop[p]), k) == 0:
+            p += 1  # a plain decode step (vLLM records nothing for it)
+            continue
+        a, d = obs_a[i], min(obs_d[i] if i < len(obs_d) else k, k, mt.k_max)
+        chk.expected_accepted += float(surv[p, :d].sum())
+        chk.measured_accepted += a
+        chk.steps += 1
+        p, i = p + a + 1, i + 1
+    return chk
+
+
+def expected_summary(checks: list[ExpectedCheck], by: str = "method") -> dict[str, dict[str, Any]]:
+    """Per method and temperature (by="method") or per cell (by="cell"): mean acceptance lengths measured and
+    expected (1 + accepted drafts per step), the mean absolute error of the requests' measured length
+    relative to their expected one, and "engine_fault" where the engine accepted far fewer drafts than
+    expected."""
+    groups: dict[str, list[ExpectedCheck]] = {}
+    for c in checks:
+        if c.steps:
+            key = c.cell_id if by == "cell" else f"{c.method} T={c.temperature:g}"
+            groups.setdefault(key, []).append(c)
+    out: dict[str, dict[str, Any]] = {}
+    for key, cs in groups.items():
+        steps = sum(c.steps for c in cs)
+        meas = sum(c.measured_accepted for c in cs) / steps
+        exp = sum(c.expected_accepted for c in cs) / steps
+        s: dict[str, Any] = {
+            "requests": len(cs),
+            "steps": steps,
+            "measured_mean_acceptance_length": 1.0 + meas,
+            "expected_mean_acceptance_length": 1.0 + exp,
+            "mae_rel": float(np.mean([abs(c.measured_len - c.expected_len) / c.expected_len for c in cs])),
+        }
+        if steps >= ENGINE_FAULT_MIN_STEPS and meas < ENGINE_FAULT_RATIO * exp:
+            s["engine_fault"] = (
+                f"engine accepted {meas:.2f} drafts per step, below {ENGINE_FAULT_RATIO:.0%} of the "
+                f"{exp:.2f} the replayed expectation gives ({steps} steps)"
+            )
+        out[key] = s
+    return out

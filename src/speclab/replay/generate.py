@@ -6,10 +6,15 @@ Two generators give the same tokens in fp32 (tests/test_generate_engine.py check
   (speclab.engine.worker, in its own subprocess, with the bench's settings: greedy, EOS respected, prefix
   caching off), one continuous-batching cell that admits up to `max_batch` requests at a time;
 - "transformers": one request at a time with transformers' `generate` (no vLLM needed; several times slower).
+
+Sampled outputs (`sampling`: temperature > 0, top_p, top_k, seed) come from the engine only: each prompt's
+request carries its own seed (derived from the given seed and the prompt's id, `prompt_seed`) so a run is
+reproducible, and each record keeps meta["sampling"] = {temperature, top_p, top_k, seed}.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import tempfile
 from collections.abc import Callable
@@ -34,9 +39,11 @@ def generate_records(
     generator: str = "engine",
     max_batch: int = MAX_BATCH,
     echo: Callable[[str], None] | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> list[RequestTrace]:
-    """Greedy fp32 outputs of `target` for the first `limit` prompts of `workload`, as records with token
-    ids and no method traces. threads: torch threads of the transformers generator."""
+    """fp32 outputs of `target` for the first `limit` prompts of `workload`, as records with token ids and no
+    method traces: greedy, or sampled with `sampling` (module docstring; engine only). threads: torch
+    threads of the transformers generator."""
     from speclab.models.prepare import resolve_model
     from speclab.workloads import load_workload, render_prompt
     from speclab.workloads.render import load_tokenizer
@@ -50,16 +57,41 @@ def generate_records(
     ids = [r[0] for r in rendered]
     if not ids:
         return []
+    per = [prompt_sampling(sampling, pr.id) for pr in prompts] if sampling else None
     if generator == "engine":
-        outputs = engine_generate(ids, path, max_tokens, max_batch=max_batch, echo=echo)
+        outputs = engine_generate(ids, path, max_tokens, max_batch=max_batch, echo=echo, sampling=per)
+    elif per:
+        raise SpeclabError("sampled outputs (temperature > 0) come from the engine generator only")
     else:
         outputs = transformers_generate(ids, path, max_tokens, eos=tok.eos_token_id, threads=threads)
     return [
         output_record(
-            pr, p, gen, {"source": "trace-generate", "target": str(path), "truncated_prompt": truncated}
+            pr,
+            p,
+            gen,
+            {"source": "trace-generate", "target": str(path), "truncated_prompt": truncated}
+            | ({"sampling": per[i]} if per else {}),
         )
-        for pr, (p, truncated), gen in zip(prompts, rendered, outputs, strict=True)
+        for i, (pr, (p, truncated), gen) in enumerate(zip(prompts, rendered, outputs, strict=True))
     ]
+
+
+def prompt_seed(seed: int, prompt_id: str) -> int:
+    """A prompt's own seed, derived from the run's seed and the prompt's id (stable across orders)."""
+    h = hashlib.blake2b(f"{int(seed)}|{prompt_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") % (2**31 - 1)
+
+
+def prompt_sampling(sampling: dict[str, Any], prompt_id: str) -> dict[str, Any] | None:
+    """One prompt's sampling settings {temperature, top_p, top_k, seed}; None for greedy (temperature 0)."""
+    if float(sampling.get("temperature") or 0.0) <= 0.0:
+        return None
+    return {
+        "temperature": float(sampling["temperature"]),
+        "top_p": float(sampling.get("top_p") or 1.0),
+        "top_k": int(sampling.get("top_k") or 0),
+        "seed": prompt_seed(int(sampling.get("seed") or 0), prompt_id),
+    }
 
 
 def output_record(
@@ -87,9 +119,11 @@ def engine_generate(
     dtype: str = "float32",
     echo: Callable[[str], None] | None = None,
     work_dir: str | Path | None = None,
+    sampling: list[dict[str, Any] | None] | None = None,
 ) -> list[list[int]]:
-    """Greedy outputs of every prompt (token ids, EOS included where reached) from one vLLM engine worker
-    running them as one continuous-batching cell, as the bench runs a cell."""
+    """Outputs of every prompt (token ids, EOS included where reached) from one vLLM engine worker running
+    them as one continuous-batching cell, as the bench runs a cell: greedy, or with sampling[i] (PromptSpec
+    sampling settings) for prompt i."""
     from speclab.engine.protocol import CellSpec, EngineSpec, Job, PromptSpec, write_job
 
     batch = max(1, min(len(prompts), max_batch))
@@ -102,14 +136,15 @@ def engine_generate(
         # (max_model_len changes); greedy fp32 tokens are the same (docs/results/2026-12-03-trace-generation.md)
         enforce_eager=True,
     )
-    cell = CellSpec(
-        "generate", "continuous", batch, max_tokens, [PromptSpec(f"p{i}", p) for i, p in enumerate(prompts)]
-    )
+    per = sampling or [None] * len(prompts)
+    specs = [PromptSpec(f"p{i}", p, sampling=per[i]) for i, p in enumerate(prompts)]
+    cell = CellSpec("generate", "continuous", batch, max_tokens, specs)
     job = Job(spec, [cell], warmup=False)
     job.validate()
     say = echo or (lambda s: print(s, file=sys.stderr, flush=True))
     say(
-        f"generating {len(prompts)} request(s) x up to {max_tokens} tokens on a vLLM engine ({dtype}, greedy, "
+        f"generating {len(prompts)} request(s) x up to {max_tokens} tokens on a vLLM engine ({dtype}, "
+        f"{'sampled' if any(per) else 'greedy'}, "
         f"up to {batch} at once)"
     )
     with tempfile.TemporaryDirectory(prefix="speclab-generate-", dir=work_dir) as tmp:

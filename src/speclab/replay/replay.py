@@ -25,6 +25,7 @@ import numpy as np
 
 from speclab.errors import TraceError
 from speclab.methods import make_proposer
+from speclab.replay.expected import fill_accept_prob, pad_drafts, record_sampling
 from speclab.traces import MethodTrace, RequestTrace, read_jsonl, read_store
 
 
@@ -64,16 +65,22 @@ def replay_records(
     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
     skip_missing_ids: bool = False,
     compare: dict[str, list[int]] | None = None,
+    scorer: Callable[[], Any] | None = None,
+    draft_sampling: str = "probabilistic",
 ) -> list[RequestTrace]:
     """Fill rec.methods[m] for each method (replacing an existing entry of that name). Records without
     token ids raise TraceError unless skip_missing_ids, in which case they pass through unchanged.
     If `compare` is given, positions where a replaced (e.g. imported) acc_len equals the replayed one,
-    both capped at the smaller k_max, are counted there: compare[m] = [equal, total]."""
+    both capped at the smaller k_max, are counted there: compare[m] = [equal, total].
+    Sampled records (meta["sampling"], temperature > 0) also get accept_prob (speclab.replay.expected):
+    `scorer()` gives the target's TargetScorer (called once, when the first sampled record comes);
+    draft_sampling: "probabilistic" (sum-min) or "greedy" (p_T(argmax q)) for model drafters."""
     options = options or {}
     records = list(records)
     # one proposer per method; suffix gets one per workload (its global trie is per workload)
     proposers: dict[tuple[str, str], Any] = {}
-    cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+    cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+    expected = _Expected(scorer, draft_sampling)
     # Records sharing a prompt (the same request in several cells, or outputs that differ between cells,
     # e.g. in bf16) are replayed together, and only the first one's output enters suffix's global trie
     # afterwards, so no variant ever sees another variant's answer.
@@ -98,8 +105,8 @@ def replay_records(
                 _suffix_group(proposers[pk], records, groups[(rec.workload, _prompt_key(rec))], k_max, cache)
             if ck not in cache:
                 acc, nprop = proposers[pk].replay(rec.prompt_token_ids, rec.output_token_ids, k_max)
-                cache[ck] = (np.asarray(acc, np.int32), np.asarray(nprop, np.int32))
-            acc, nprop = cache[ck]
+                cache[ck] = (np.asarray(acc, np.int32), np.asarray(nprop, np.int32), None)
+            acc, nprop, drafts = cache[ck]
             old = rec.methods.get(m)
             if compare is not None and old is not None and len(old.acc_len) == len(acc):
                 cap = min(old.k_max, k_max) + 1
@@ -108,6 +115,7 @@ def replay_records(
                 c[0] += int(eq.sum())
                 c[1] += len(eq)
             rec.methods[m] = MethodTrace(k_max=k_max, acc_len=acc.copy(), num_proposed=nprop.copy())
+            expected.fill(rec, m, proposers[pk], drafts)
         rec.meta = dict(rec.meta)
         rec.meta["replay"] = {
             **rec.meta.get("replay", {}),
@@ -118,21 +126,58 @@ def replay_records(
 
 def _suffix_group(
     spec: Any, records: list[RequestTrace], group: list[int], k_max: int,
-    cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]],
+    cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray | None]],
 ) -> None:  # fmt: skip
     """Replay the records of one prompt against the same global tree: the variants first, each forgotten
-    after, then the first record, whose response stays."""
+    after, then the first record, whose response stays. Each position's draft is kept too (accept_prob)."""
     first = records[group[0]]
-    for i in group[1:]:
-        ck = ("suffix", _key(records[i]))
-        if ck not in cache:
-            rec = records[i]
-            cache[ck] = spec.replay(rec.prompt_token_ids, rec.output_token_ids, k_max, keep=False)
-    ck = ("suffix", _key(first))
-    if ck in cache:
-        spec.remember(first.prompt_token_ids, first.output_token_ids)
-    else:
-        cache[ck] = spec.replay(first.prompt_token_ids, first.output_token_ids, k_max, keep=True)
+    for i in [*group[1:], group[0]]:
+        rec = records[i]
+        ck = ("suffix", _key(rec))
+        if ck in cache:
+            if i == group[0]:
+                spec.remember(first.prompt_token_ids, first.output_token_ids)
+            continue
+        got: dict[int, list[int]] = {}
+        acc, nprop = spec.replay(
+            rec.prompt_token_ids, rec.output_token_ids, k_max, keep=i == group[0], drafts=got
+        )
+        cache[ck] = (acc, nprop, pad_drafts([got.get(p, []) for p in range(len(acc))], k_max))
+
+
+class _Expected:
+    """accept_prob for the sampled records of one replay: the target's distributions once per record,
+    each method's result cached by (method, record key, sampling)."""
+
+    def __init__(self, scorer: Callable[[], Any] | None, how: str) -> None:
+        self.make, self.how = scorer, how
+        self.scorer: Any = None
+        self.cache: dict[tuple[str, str], tuple[np.ndarray, str]] = {}
+        self.probs: tuple[int, Any] | None = None
+
+    def fill(self, rec: RequestTrace, method: str, proposer: Any, drafts: np.ndarray | None) -> None:
+        sampling = record_sampling(rec)
+        if sampling is None:
+            return
+        mt = rec.methods[method]
+        ck = (method, _key(rec) + json.dumps(sampling, sort_keys=True))
+        if ck not in self.cache:
+            if self.probs is None or self.probs[0] != id(rec):
+                if self.scorer is None:
+                    if self.make is None:
+                        raise TraceError(
+                            f"record {rec.id!r} is sampled: its expected acceptance needs the target"
+                        )
+                    self.scorer = self.make()
+                self.probs = (
+                    id(rec),
+                    self.scorer.probs(rec.prompt_token_ids, rec.output_token_ids, sampling),
+                )
+            fill_accept_prob(mt, method, proposer, rec, self.probs[1], sampling, drafts, self.how)
+            self.cache[ck] = (mt.accept_prob, mt.accept_source)
+        ap, src = self.cache[ck]
+        if ap is not None:
+            mt.accept_prob, mt.accept_source = ap.copy(), src
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:

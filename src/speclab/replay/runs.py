@@ -173,3 +173,60 @@ def _replay_engines(
             continue
         out.update({key: per_position(req) for key, req in got.items()})
     return out
+
+
+def record_sampling_in_run(rec: RequestTrace, rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """A bench record's sampling settings: its meta["sampling"], else its cell's row fields (temperature,
+    top_p, top_k); None when greedy (temperature 0 or no fields)."""
+    s = rec.meta.get("sampling")
+    if not isinstance(s, dict):
+        row = rows.get(str(rec.meta.get("cell_id")), {})
+        s = {k: row.get(k) for k in ("temperature", "top_p", "top_k")}
+    if not float(s.get("temperature") or 0.0) > 0.0:
+        return None
+    return {"temperature": float(s["temperature"]), "top_p": float(s.get("top_p") or 1.0),
+            "top_k": int(s.get("top_k") or 0)}  # fmt: skip
+
+
+def expected_traces(
+    run: Path, records: list[RequestTrace], cli: dict[str, Any], scorer: Any
+) -> tuple[dict[str, tuple[Any, dict[str, Any]]], dict[str, str]]:
+    """accept_prob for every sampled record with observed acceptance: {record id: (MethodTrace, sampling)},
+    and {method: reason} for those it cannot give. Records are replayed (speclab.replay.replay) in groups
+    of one method, k and options, along their own output; suffix's global tree follows the run's record
+    order (not the engine re-enacted). `scorer` gives the target's distributions (TargetScorer)."""
+    from speclab.replay.replay import replay_records
+
+    rows = ResultsStore(run).rows if run.is_dir() else {}
+    skipped: dict[str, str] = {}
+    groups: dict[str, tuple[str, int, dict[str, Any], list[RequestTrace]]] = {}
+    samplings: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        obs = rec.meta.get("observed")
+        sampling = record_sampling_in_run(rec, rows) if obs and rec.output_token_ids is not None else None
+        if sampling is None:
+            continue
+        method, k = str(obs["method"]), int(obs["k"])
+        row = rows.get(str(rec.meta.get("cell_id")), {})
+        eopts = dict(obs["options"] or {}) if "options" in obs else effective_options(
+            str(row.get("method", "")), dict(row.get("method_options") or {}))  # fmt: skip
+        here = {**cli, "target": rec.meta.get("target") or cli.get("target"),
+                "dtype": rec.meta.get("dtype") or cli.get("dtype")}  # fmt: skip
+        spec = replay_spec(method, eopts, here) if method != ADAPTIVE_METHOD else ADAPTIVE_REFUSAL
+        if isinstance(spec, str):
+            skipped[method] = spec
+            continue
+        key = json.dumps([method, k, spec], sort_keys=True, default=str)
+        copy = RequestTrace(rec.id, rec.workload, rec.category, rec.prompt_len, rec.output_len,
+                            prompt_token_ids=rec.prompt_token_ids, output_token_ids=rec.output_token_ids,
+                            meta={"sampling": sampling})  # fmt: skip
+        groups.setdefault(key, (spec[0], k, spec[1], []))[3].append(copy)
+        samplings[rec.id] = sampling
+    out: dict[str, tuple[Any, dict[str, Any]]] = {}
+    for name, k, opts, recs in groups.values():
+        replay_records(recs, [name], k, {name: opts}, scorer=lambda: scorer,
+                       draft_sampling=cli.get("draft_sampling") or "probabilistic")  # fmt: skip
+        for r in recs:
+            if r.methods[name].accept_prob is not None:
+                out[r.id] = (r.methods[name], samplings[r.id])
+    return out, skipped

@@ -11,7 +11,7 @@ import numpy as np
 from speclab.costmodel import CostModel, get_cost_model
 from speclab.errors import ConfigError
 from speclab.policy import Policy, bind_methods, check_k_within_traces, make_policy
-from speclab.simulate import costs, fast
+from speclab.simulate import costs, fast, sampled
 from speclab.simulate.reference import reference_timing
 from speclab.simulate.study import STUDY_NUM_REQUESTS, match_p_for, miss_generator, study_sample_state
 from speclab.traces.model import RequestTrace
@@ -45,6 +45,9 @@ class SimResult:
     steady_throughput_tok_s: float | None = None  # continuous batching only
     steady_speedup: float | None = None
     notes: list[str] = field(default_factory=list)
+    # sampled traces (accept_prob): realisations averaged, and the speedup's {min, max, std, n} over them
+    draws: int = 0
+    speedup_spread: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -79,6 +82,7 @@ _OPTS = {
     "rules",
     "lengths",
     "continuous_measure",
+    "draws",  # simulate()'s own argument; listed so that sweeps (distributed.py) pass it through
 }
 MEASURES = ("steady", "makespan")
 TAIL_WARN = 0.2  # warn when the tail is more than this share of the makespan
@@ -175,9 +179,14 @@ def simulate(
     batch_sizes: list[int],
     aggregate: str = "total",
     seed: int = 42,
+    draws: int = sampled.DEFAULT_DRAWS,
     **opts: Any,
 ) -> list[SimResult]:
     """Simulate every policy at every batch size; rows ordered by batch size, then policy as given.
+
+    Sampled traces (accept_prob on a method a policy uses): `draws` realisations of each step's accepted
+    count (speclab.simulate.sampled, seeded by `seed`), each simulated as a greedy trace; the rows are their
+    mean, with speedup_spread. Traces without accept_prob run once, without any random draw.
 
     Lengths: a method's trace may have its own length (from its own run). Each policy runs over its methods'
     lengths (several methods: per request the shortest, acceptance per position over that prefix), and its
@@ -199,12 +208,21 @@ def simulate(
     """
     cm = get_cost_model(cost_model)
     pols, rules, notes = check_args(policies, batching, batch_sizes, aggregate, opts)
+    if isinstance(draws, bool) or not isinstance(draws, int | np.integer) or not 0 <= draws <= 10_000:
+        raise ConfigError(f"draws must be an integer 0..10000, got {draws!r}")
     study = rules == "study"
     bind_methods(pols, traces, cm)  # bare adaptive policies: every method the traces hold
     for p in pols:
         p.cost_model = cm
         fast.check_probes(p, cm)
     all_methods = tuple(sorted({m for p in pols for m in p.methods}))
+    if draws and sampled.has_accept_prob(traces, set(all_methods)):
+        runs = [
+            simulate(sampled.realise(traces, seed, d), cm, policies, batching, batch_sizes, aggregate, seed,
+                     draws=0, **opts)
+            for d in range(draws)
+        ]  # fmt: skip
+        return sampled.combine(runs, seed)
     notes += _length_notes(traces, set(all_methods))
     groups: dict[tuple[str, ...], list[Policy]] = {}
     for p in pols:

@@ -12,6 +12,10 @@ Conventions (shared by replay tracing, the bench, the importer and the simulator
   `acc_len`. Position 0 is produced by prefill, so simulators start stepping at p = 1.
 - num_proposed[p] = how many draft tokens the proposer could offer there (0 = no proposal, e.g. an n-gram
   lookup miss). None for the whole method when unknown (e.g. imported study traces), never invented.
+- accept_prob (sampled traces only, else None): float32 (output_len, k_max); accept_prob[p, j-1] = the
+  probability that draft j of step p is accepted given drafts 1..j-1 were, scored along the reference
+  (no-SD) output; 0 beyond num_proposed[p]. accept_source says how it was obtained. acc_len keeps its
+  meaning (the greedy-rule count along the reference output). See expected_acc_len.
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ class MethodTrace:
     num_proposed: np.ndarray | None = None  # one per output position, 0..k_max; None = not recorded
     # this method's own output tokens, where its run's output is known and is not the record's
     output_token_ids: np.ndarray | None = None
+    # sampled traces: per step and draft position, the conditional acceptance probability (module docstring)
+    accept_prob: np.ndarray | None = None
+    accept_source: str | None = None
 
     def __post_init__(self) -> None:
         self.acc_len = np.asarray(self.acc_len, dtype=np.int32)
@@ -60,6 +67,10 @@ class MethodTrace:
             self.num_proposed = np.asarray(self.num_proposed, dtype=np.int32)
         if self.output_token_ids is not None:
             self.output_token_ids = np.asarray(self.output_token_ids, dtype=np.int32)
+        if self.accept_prob is not None:
+            self.accept_prob = np.asarray(self.accept_prob, dtype=np.float32)
+            if self.accept_prob.size == 0 and not len(self.acc_len) and isinstance(self.k_max, int):
+                self.accept_prob = self.accept_prob.reshape(0, max(self.k_max, 0))  # empty output
 
     @property
     def output_len(self) -> int:
@@ -104,6 +115,39 @@ class MethodTrace:
                     f"{where}: field acc_len: {int(self.acc_len[p])} at position {p} exceeds "
                     f"num_proposed+1 = {int(np_[p]) + 1}"
                 )
+        self._validate_accept_prob(f"{where}: field accept_prob")
+
+    def _validate_accept_prob(self, where: str) -> None:
+        ap = self.accept_prob
+        if ap is None:
+            if self.accept_source is not None:
+                raise TraceError(f"{where}: accept_source given without accept_prob")
+            return
+        if not isinstance(self.accept_source, str) or not self.accept_source:
+            raise TraceError(f"{where}: needs accept_source (how it was obtained)")
+        if ap.shape != (len(self.acc_len), self.k_max):
+            raise TraceError(
+                f"{where}: shape {ap.shape}, expected ({len(self.acc_len)}, {self.k_max}) "
+                "(one row per output position, one column per draft position)"
+            )
+        bad = np.argwhere(~np.isfinite(ap) | (ap < 0) | (ap > 1))
+        if len(bad):
+            p, j = (int(x) for x in bad[0])
+            raise TraceError(f"{where}: value {float(ap[p, j])!r} at position {p}, draft {j + 1} not in 0..1")
+        if self.num_proposed is not None:
+            beyond = np.argwhere((np.arange(self.k_max)[None, :] >= self.num_proposed[:, None]) & (ap != 0))
+            if len(beyond):
+                p, j = (int(x) for x in beyond[0])
+                raise TraceError(
+                    f"{where}: draft {j + 1} at position {p} has probability {float(ap[p, j])!r} but only "
+                    f"{int(self.num_proposed[p])} drafts were proposed (must be 0)"
+                )
+
+    def expected_acc_len(self) -> np.ndarray | None:
+        """Per position, 1 + sum_j prod_{i<=j} accept_prob[p, i-1] (None for a greedy trace)."""
+        if self.accept_prob is None:
+            return None
+        return 1.0 + np.cumprod(self.accept_prob.astype(np.float64), axis=1).sum(axis=1)
 
 
 @dataclass
@@ -171,6 +215,11 @@ class RequestTrace:
                     "acc_len": mt.acc_len.tolist(),
                     "num_proposed": ids(mt.num_proposed),
                     **({} if mt.output_token_ids is None else {"output_token_ids": ids(mt.output_token_ids)}),
+                    **(
+                        {}
+                        if mt.accept_prob is None
+                        else {"accept_prob": mt.accept_prob.tolist(), "accept_source": mt.accept_source}
+                    ),
                 }
                 for name, mt in self.methods.items()
             },
@@ -200,6 +249,10 @@ class RequestTrace:
                     else _as_int_array(
                         m["output_token_ids"], f"{where}: field methods.{name}.output_token_ids"
                     ),
+                    accept_prob=None
+                    if m.get("accept_prob") is None
+                    else _as_prob_rows(m["accept_prob"], f"{where}: field methods.{name}.accept_prob"),
+                    accept_source=None if m.get("accept_source") is None else str(m["accept_source"]),
                 )
             rid = _require(d, "id", where)
             if not isinstance(rid, str) or not rid:
@@ -270,6 +323,22 @@ def _as_int_array(v: Any, where: str) -> np.ndarray:
             f"{where}: value {int(arr[bad])} at position {bad} out of range (must fit in 32 bits)"
         )
     return arr.astype(np.int32)
+
+
+def _as_prob_rows(v: Any, where: str) -> np.ndarray:
+    """A list of equal-length lists of numbers (one row per output position) as float32 (n, k)."""
+    if not isinstance(v, list | np.ndarray) or not all(isinstance(r, list | np.ndarray) for r in v):
+        raise TraceError(f"{where}: expected a list of rows (lists of numbers)")
+    if any(isinstance(x, bool) or not isinstance(x, int | float) for r in v for x in r):
+        raise TraceError(f"{where}: expected numbers")
+    if len({len(r) for r in v}) > 1:
+        raise TraceError(f"{where}: rows of different lengths")
+    return np.asarray(v, dtype=np.float32).reshape(len(v), len(v[0]) if len(v) else 0)
+
+
+def prob_rows(flat: Any, k_max: int) -> np.ndarray | None:
+    """A stored row-major accept_prob (flat list) back to (output_len, k_max); None stays None."""
+    return None if flat is None else np.asarray(flat, np.float32).reshape(-1, max(int(k_max), 1))
 
 
 def dumps_jsonl_line(rec: RequestTrace) -> str:

@@ -16,7 +16,8 @@ Writers are crash-safe and locked (see docs/dev/errors.md):
 One row per request. Per-method data is a list of structs, so records may carry different method sets:
   id, workload, category: string; prompt_len, output_len: int32;
   prompt_token_ids, output_token_ids: list<int32> (nullable);
-  methods: list<struct<name: string, k_max: int32, acc_len: list<int32>, num_proposed: list<int32> (nullable)>>;
+  methods: list<struct<name: string, k_max: int32, acc_len: list<int32>, num_proposed: list<int32> (nullable),
+  accept_prob: list<float32> (row-major output_len x k_max, nullable), accept_source: string (nullable)>>;
   meta: string (JSON, nullable).
 Schema 1 stored acc_len/num_proposed as int16 (values above 32767 wrapped); such stores still read.
 """
@@ -43,7 +44,7 @@ from speclab.atomic import atomic_path, exclusive_lock
 from speclab.errors import TraceError
 from speclab.inputs import open_binary
 from speclab.outputs import check_no_loop, check_writable, conflicting_input, describe_entries
-from speclab.traces.model import MethodTrace, RequestTrace, dumps_jsonl_line, json_lines
+from speclab.traces.model import MethodTrace, RequestTrace, dumps_jsonl_line, json_lines, prob_rows
 
 SCHEMA_VERSION = "2"
 
@@ -56,6 +57,8 @@ METHOD_TYPE = pa.struct(
         ("k_max", pa.int32()),
         ("acc_len", pa.list_(pa.int32())),
         ("num_proposed", pa.list_(pa.int32())),
+        ("accept_prob", pa.list_(pa.float32())),  # sampled traces only; absent in older stores (null)
+        ("accept_source", pa.string()),
     ]
 )
 
@@ -95,6 +98,8 @@ def records_to_table(records: Iterable[RequestTrace], validate: bool = True) -> 
                     "k_max": int(m.k_max),
                     "acc_len": m.acc_len.astype(np.int32),
                     "num_proposed": None if m.num_proposed is None else m.num_proposed.astype(np.int32),
+                    "accept_prob": None if m.accept_prob is None else m.accept_prob.reshape(-1),
+                    "accept_source": m.accept_source,
                 }
                 for name, m in r.methods.items()
             ]
@@ -118,6 +123,8 @@ def table_to_records(table: pa.Table, source: str, validate: bool = True) -> lis
                 k_max=int(m["k_max"]),
                 acc_len=np.asarray(m["acc_len"], dtype=np.int32),
                 num_proposed=None if m["num_proposed"] is None else np.asarray(m["num_proposed"], np.int32),
+                accept_prob=prob_rows(m.get("accept_prob"), m["k_max"]),
+                accept_source=m.get("accept_source"),
             )
         rec = RequestTrace(
             id=row["id"],
@@ -212,8 +219,7 @@ def _check_replaceable(path: Path) -> None:
         if other:
             raise TraceError(
                 f"{path}: holds files that are not trace parts ({describe_entries(other)}); "
-                "refusing to replace it "
-                "(choose another --out)"
+                "refusing to replace it (choose another --out)"
             )
 
 

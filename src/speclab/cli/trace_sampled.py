@@ -1,0 +1,74 @@
+"""`speclab trace` on sampled outputs: the target that scores them, and `trace crosscheck --expected`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import click
+
+from speclab.errors import ConfigError
+
+
+def records_target(records: list) -> str:
+    """The one target the records were generated with (bench records carry meta["target"])."""
+    from speclab.models.prepare import resolve_model
+
+    names = {r.meta.get("target") for r in records if r.output_token_ids is not None}
+    if len(names) != 1 or None in names:
+        raise ConfigError(
+            "eagle3 replay and sampled records need --target (the records name "
+            + (f"several targets: {', '.join(sorted(map(str, names)))})" if len(names) > 1 else "no target)")
+        )
+    return str(resolve_model(str(names.pop()), prepare=False))
+
+
+def make_scorer(target: str | None, records: list, threads: int | None) -> Any:
+    """The target's distributions for sampled records: --target, else the records' target."""
+    from speclab.models.prepare import resolve_model
+    from speclab.replay.expected import TargetScorer
+
+    return TargetScorer(resolve_model(target) if target else records_target(records), threads=threads)
+
+
+def crosscheck_expected(run: str, records: list, opts: dict[str, Any], as_json: bool) -> dict[str, Any]:
+    """`crosscheck --expected`: per method and temperature, the engine's mean acceptance length beside the
+    expectation from accept_prob (speclab.replay.crosscheck.expected_check); the payload it printed."""
+    from speclab.replay.crosscheck import expected_check, expected_summary
+    from speclab.replay.runs import expected_traces
+
+    scorer: list[Any] = []
+
+    class _Lazy:  # the target is loaded only if a sampled record needs it
+        def probs(self, *a: Any) -> Any:
+            if not scorer:
+                scorer.append(make_scorer(opts.get("target"), records, opts.get("threads")))
+            return scorer[0].probs(*a)
+
+    traces, skipped = expected_traces(Path(run), records, opts, _Lazy())
+    checks = [
+        expected_check(r, traces[r.id][0], str(r.meta["observed"]["method"]), int(r.meta["observed"]["k"]),
+                       r.meta["observed"], traces[r.id][1]["temperature"])
+        for r in records if r.id in traces
+    ]  # fmt: skip
+    by_method, by_cell = expected_summary(checks), expected_summary(checks, by="cell")
+    payload = {"run": str(run), "expected": by_method, "by_cell": by_cell, "skipped_methods": skipped}
+    if as_json:
+        click.echo(json.dumps(payload, indent=2, default=lambda v: None if math.isnan(v) else v))
+        return payload
+    if not by_method:
+        click.echo(f"{run}: no sampled records with observed acceptance for a replayable method")
+    for key, s in by_method.items():
+        click.echo(
+            f"{key:28s} requests {s['requests']:4d}  steps {s['steps']:6d}  acc.len measured "
+            f"{s['measured_mean_acceptance_length']:.3f}  expected {s['expected_mean_acceptance_length']:.3f}  "
+            f"MAE {100 * s['mae_rel']:.1f}%" + ("  ENGINE FAULT" if "engine_fault" in s else "")
+        )
+    for cell, s in by_cell.items():
+        if "engine_fault" in s:
+            click.echo(f"  engine fault in {cell}: {s['engine_fault']}")
+    for name, why in skipped.items():
+        click.echo(f"{name:28s} skipped: {why}")
+    return payload
