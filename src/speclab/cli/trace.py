@@ -106,10 +106,10 @@ def _progress(desc: str):
 @seed_option("--workload sampling: each prompt's seed is derived from this and the prompt's id.", default=0)
 @choice_option(
     "--draft-sampling",
-    choices=["probabilistic", "greedy"],
-    default="probabilistic",
-    help="Sampled traces, model drafters: expected acceptance for drafts sampled from q (sum-min) or for "
-    "argmax drafts (vLLM's default draft_sample_method, p_T(argmax q)).",
+    choices=["greedy", "probabilistic"],
+    default="greedy",
+    help="Sampled traces, model drafters: expected acceptance for argmax drafts (vLLM's default "
+    "draft_sample_method, p_T(argmax q)) or for drafts sampled from q (sum-min).",
 )
 @click.option("--methods", default="ngram,suffix", show_default=True, help=_METHODS_HELP)
 @click.option("--k-max", default=20, show_default=True, help="Longest proposal replayed per position.")
@@ -353,8 +353,9 @@ def _write(out: str, records: list, force: bool) -> None:
     help="Sampled runs: the engine's mean acceptance length beside the one expected from the replayed "
     "acceptance probabilities, per method and temperature, with engine faults flagged.",
 )
-@choice_option("--draft-sampling", choices=["probabilistic", "greedy"], default="probabilistic",
-               help="--expected, model drafters: drafts sampled from q (sum-min) or argmax drafts.")  # fmt: skip
+@click.option("--draft-sampling", type=click.Choice(["greedy", "probabilistic"]), default=None,
+              help="--expected, model drafters: argmax drafts or drafts sampled from q (sum-min); default: "
+              "the run's draft_sample_method, else vLLM's default (greedy).")  # fmt: skip
 @click.pass_context
 def crosscheck(  # fmt: skip
     ctx: click.Context,

@@ -66,7 +66,7 @@ def replay_records(
     skip_missing_ids: bool = False,
     compare: dict[str, list[int]] | None = None,
     scorer: Callable[[], Any] | None = None,
-    draft_sampling: str = "probabilistic",
+    draft_sampling: str = "greedy",
 ) -> list[RequestTrace]:
     """Fill rec.methods[m] for each method (replacing an existing entry of that name). Records without
     token ids raise TraceError unless skip_missing_ids, in which case they pass through unchanged.

@@ -216,16 +216,17 @@ def expected_traces(
         if isinstance(spec, str):
             skipped[method] = spec
             continue
-        key = json.dumps([method, k, spec], sort_keys=True, default=str)
+        # model drafters: what the engine ran (the method's draft_sample_method, vLLM's default "greedy")
+        ds = str(eopts.get("draft_sample_method") or cli.get("draft_sampling") or "greedy")
+        key = json.dumps([method, k, spec, ds], sort_keys=True, default=str)
         copy = RequestTrace(rec.id, rec.workload, rec.category, rec.prompt_len, rec.output_len,
                             prompt_token_ids=rec.prompt_token_ids, output_token_ids=rec.output_token_ids,
                             meta={"sampling": sampling})  # fmt: skip
-        groups.setdefault(key, (spec[0], k, spec[1], []))[3].append(copy)
+        groups.setdefault(key, (spec[0], k, spec[1], ds, []))[4].append(copy)
         samplings[rec.id] = sampling
     out: dict[str, tuple[Any, dict[str, Any]]] = {}
-    for name, k, opts, recs in groups.values():
-        replay_records(recs, [name], k, {name: opts}, scorer=lambda: scorer,
-                       draft_sampling=cli.get("draft_sampling") or "probabilistic")  # fmt: skip
+    for name, k, opts, ds, recs in groups.values():
+        replay_records(recs, [name], k, {name: opts}, scorer=lambda: scorer, draft_sampling=ds)
         for r in recs:
             if r.methods[name].accept_prob is not None:
                 out[r.id] = (r.methods[name], samplings[r.id])
