@@ -346,9 +346,9 @@ def test_every_shipped_preset_parses_and_the_sampled_ones_say_so():
     for n in names:
         assert expand_cells(load_preset(n)), n
     s = load_preset("sampling")
-    assert s.temperatures == [0.0, 0.7, 1.0] and s.batch_sizes == [1, 4] and len(s.workloads) == 1
-    assert {m.name for m in s.methods} == {"none", "ngram", "eagle3"}
-    assert len(expand_cells(s)) == 3 * 3 * 2
+    assert s.temperatures == [0.0, 0.7, 1.0] and s.batch_sizes == [1, 4, 16] and len(s.workloads) == 3
+    assert {m.name for m in s.methods} == {"none", "ngram", "suffix", "draft_model", "eagle3"}
+    assert len(expand_cells(s)) == 5 * 3 * 3 * 3  # configurations x temperatures x batch sizes x workloads
     for n in names:
         if n.startswith("study-"):
             assert load_preset(n).temperatures == [0.0, 0.7, 1.0], n
