@@ -184,3 +184,22 @@ def test_cli_expected_on_a_store_writes_nothing_beside_it(tmp_path, monkeypatch,
     assert main(["trace", "crosscheck", str(store), "--expected"]) in (0, None)
     assert "ENGINE FAULT" in capsys.readouterr().out
     assert _files(tmp_path) == before
+
+
+def test_cli_expected_on_a_read_only_run_still_prints(tmp_path, monkeypatch, capsys):
+    """A run directory that cannot be written: one warning, the result is printed all the same."""
+    import speclab.cli.trace_sampled as ts
+    from speclab.bench import expected_acceptance
+    from speclab.cli import main
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(ts, "make_scorer", lambda *a: HalfScorer())
+    monkeypatch.setattr(expected_acceptance, "write_expected", refuse)
+    run = _run(tmp_path / "run", 0)
+    assert main(["trace", "crosscheck", str(run), "--expected"]) in (0, None)
+    out = capsys.readouterr()
+    assert "ENGINE FAULT" in out.out and "MAE" in out.out
+    assert out.err.count("warning: cannot save the expected acceptance") == 1
+    assert not (run / "expected_acceptance.json").exists()

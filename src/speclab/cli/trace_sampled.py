@@ -55,9 +55,13 @@ def crosscheck_expected(run: str, records: list, opts: dict[str, Any], as_json: 
     ]  # fmt: skip
     by_method, by_cell = expected_summary(checks), expected_summary(checks, by="cell")
     payload = {"run": str(run), "expected": by_method, "by_cell": by_cell, "skipped_methods": skipped}
-    saved = save_cells(run, by_cell, opts, skipped)
-    if saved is not None:
-        click.echo(f"expected acceptance per cell -> {saved}", err=True)
+    try:
+        saved = save_cells(run, by_cell, opts, skipped)
+    except OSError as exc:  # a run directory this user cannot write: the printed result still stands
+        click.echo(f"warning: cannot save the expected acceptance in {run}: {exc}", err=True)
+    else:
+        if saved is not None:
+            click.echo(f"expected acceptance per cell -> {saved}", err=True)
     if as_json:
         click.echo(json.dumps(payload, indent=2, default=lambda v: None if math.isnan(v) else v))
         return payload
