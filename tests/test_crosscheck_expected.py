@@ -83,8 +83,9 @@ class HalfScorer:
         return torch.full((len(output_ids) + 1, 50), 0.5)
 
 
-def _run(tmp_path: Path, accepted: int) -> Path:
-    """A bench-shaped run: one n-gram k=3 cell at T = 0.7 whose repetitive outputs always get 3 drafts."""
+def _run(tmp_path: Path, accepted: int, own_sampling: bool = False) -> Path:
+    """A bench-shaped run: one n-gram k=3 cell at T = 0.7 whose repetitive outputs always get 3 drafts
+    (own_sampling: the records carry their sampling, as bench records do, not only the row)."""
     recs = []
     for i in range(3):
         out = [7, 8, 9] * 12
@@ -92,8 +93,11 @@ def _run(tmp_path: Path, accepted: int) -> Path:
                "per_step_accepted": [accepted] * 40, "per_step_drafted": [3] * 40}  # fmt: skip
         recs.append(RequestTrace(f"cell:p{i}", "w", "chat", 6, len(out), prompt_token_ids=[7, 8, 9, 7, 8, 9],
                                  output_token_ids=out, meta={"cell_id": "cell", "observed": obs}))  # fmt: skip
+        if own_sampling:
+            recs[-1].meta["sampling"] = {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "seed": i}
     part = write_trace_part(tmp_path, "cell", recs)
     row = {"cell_id": "cell", "status": "ok", "method": "ngram", "k": 3, "trace_part": part,
+           "workload": "w", "batching": "replicate", "batch_size": 1, "mean_acceptance_length": 1.0 + accepted,
            "sampling": "fixed", "temperature": 0.7, "top_p": 1.0, "top_k": 0}  # fmt: skip
     (tmp_path / "results.jsonl").write_text(json.dumps(row) + "\n")
     return tmp_path
@@ -120,3 +124,82 @@ def test_cli_expected_on_a_run(tmp_path, monkeypatch, capsys, accepted, fault):
     assert s["measured_mean_acceptance_length"] == pytest.approx(1.0 + accepted)
     assert ("engine_fault" in payload["by_cell"]["cell"]) is fault
     assert ("ENGINE FAULT" in text) is fault and "MAE" in text
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(("accepted", "fault"), [(0, True), (1, False)])
+def test_cli_expected_saves_the_cells_in_the_run(tmp_path, monkeypatch, capsys, accepted, fault):
+    """Without --out, --expected on a bench run writes RUN/expected_acceptance.json and nothing else; a second
+    run rewrites it; `bench show` then reads the expected figure and the fault from it."""
+    import speclab.cli.trace_sampled as ts
+    from speclab.bench.expected_acceptance import EXPECTED_FILE
+    from speclab.bench.show import format_run, load_rows
+    from speclab.cli import main
+
+    monkeypatch.setattr(ts, "make_scorer", lambda *a: HalfScorer())
+    run = _run(tmp_path / "run", accepted)
+    before = _files(tmp_path)
+    assert main(["trace", "crosscheck", str(run), "--expected", "--json"]) in (0, None)
+    out = capsys.readouterr()
+    payload = json.loads(out.out)  # stdout stays the JSON; the note on the saved file goes to stderr
+    assert EXPECTED_FILE in out.err
+    assert _files(tmp_path) == before | {f"run/{EXPECTED_FILE}"}
+    saved = json.loads((run / EXPECTED_FILE).read_text())
+    cell = saved["cells"]["cell"]
+    s = payload["by_cell"]["cell"]
+    assert cell["expected_mean_acc"] == pytest.approx(s["expected_mean_acceptance_length"])
+    assert cell["measured_mean_acc"] == pytest.approx(1.0 + accepted)
+    assert cell["rel_error"] == pytest.approx((1.0 + accepted) / cell["expected_mean_acc"] - 1)
+    assert cell["method"] == "ngram" and cell["k"] == 3 and cell["temperature"] == 0.7
+    assert cell["steps"] == s["steps"] > 0
+    assert (cell["engine_fault"] is not None) is fault
+    if fault:
+        assert "below 50%" in cell["engine_fault"]
+    assert saved["settings"]["draft_sampling"] is None and "written_at" in saved
+    # rewritten on every run: a stale cell of an earlier one is gone
+    saved["cells"]["stale"] = dict(cell)
+    (run / EXPECTED_FILE).write_text(json.dumps(saved))
+    assert main(["traces", "crosscheck", str(run), "--expected"]) in (0, None)
+    assert set(json.loads((run / EXPECTED_FILE).read_text())["cells"]) == {"cell"}
+    assert _files(tmp_path) == before | {f"run/{EXPECTED_FILE}"}
+    capsys.readouterr()
+    row = load_rows(run)[0]
+    assert row["expected_mean_acceptance_length"] == pytest.approx(cell["expected_mean_acc"])
+    assert ("engine_fault" in row) is fault
+    assert ("ENGINE FAULT" in format_run(run)) is fault
+
+
+def test_cli_expected_on_a_store_writes_nothing_beside_it(tmp_path, monkeypatch, capsys):
+    """A trace store (not a run directory) gets no expected_acceptance.json: only --out writes."""
+    import speclab.cli.trace_sampled as ts
+    from speclab.cli import main
+
+    monkeypatch.setattr(ts, "make_scorer", lambda *a: HalfScorer())
+    run = _run(tmp_path / "run", 0, own_sampling=True)
+    store = run / "traces"
+    before = _files(tmp_path)
+    assert main(["trace", "crosscheck", str(store), "--expected"]) in (0, None)
+    assert "ENGINE FAULT" in capsys.readouterr().out
+    assert _files(tmp_path) == before
+
+
+def test_cli_expected_on_a_read_only_run_still_prints(tmp_path, monkeypatch, capsys):
+    """A run directory that cannot be written: one warning, the result is printed all the same."""
+    import speclab.cli.trace_sampled as ts
+    from speclab.bench import expected_acceptance
+    from speclab.cli import main
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(ts, "make_scorer", lambda *a: HalfScorer())
+    monkeypatch.setattr(expected_acceptance, "write_expected", refuse)
+    run = _run(tmp_path / "run", 0)
+    assert main(["trace", "crosscheck", str(run), "--expected"]) in (0, None)
+    out = capsys.readouterr()
+    assert "ENGINE FAULT" in out.out and "MAE" in out.out
+    assert out.err.count("warning: cannot save the expected acceptance") == 1
+    assert not (run / "expected_acceptance.json").exists()

@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from speclab.bench.expected_acceptance import merge_expected
 from speclab.bench.noise import describe, load_noise
 from speclab.bench.repeats import (
     CONTENDED_LOAD_FACTOR,
@@ -20,9 +21,11 @@ from speclab.bench.sampling import has_sampled, is_sampled_row, row_setting, set
 
 
 def load_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The run's offline rows with their speedups, and the expected acceptance and engine faults of
+    RUN/expected_acceptance.json merged in (`trace crosscheck RUN --expected`)."""
     rows = read_rows(run_dir)
     fill_speedups(rows)
-    return rows
+    return merge_expected(rows, run_dir)
 
 
 def _sort_key(r: dict[str, Any], method_order: dict[str, int]) -> tuple:
@@ -105,7 +108,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 _mib(mem.get("draft_weights_bytes")) if r.get("method") != "none" else "-",
                 _mib(mem.get("added_peak_rss_bytes")) if r.get("method") != "none" else "-",
                 "-" if exact is None else ("yes" if exact else "NO"),
-                r.get("status", "") if r.get("status") == "ok" else f"FAILED: {str(r.get('error'))[:60]}",
+                (r.get("status", "") if r.get("status") == "ok" else f"FAILED: {str(r.get('error'))[:60]}")
+                + (", ENGINE FAULT" if r.get("engine_fault") else ""),
             ]
         )
     right = {2, 4, 5, 6, 9, 10, 11}
@@ -119,6 +123,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         for row, r in zip(table, rows, strict=True):
             row.insert(4, setting_text(r))
         right = {i + 1 if i >= 4 else i for i in right}
+    right = _expected_column(header, table, rows, right)
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(header)]
     lines = []
 
@@ -132,6 +137,41 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     lines.append("  ".join("-" * w for w in widths))
     lines.extend(fmt_row(row) for row in table)
     return "\n".join(lines)
+
+
+def _expected_column(
+    header: list[str], table: list[list[str]], rows: list[dict[str, Any]], right: set[int]
+) -> set[int]:
+    """Where a row has an expected mean acceptance length (RUN/expected_acceptance.json): an "exp.acc"
+    column after "acc.len" (changed in place); the right-aligned columns after it."""
+    if not any(r.get("expected_mean_acceptance_length") is not None for r in rows):
+        return right
+    at = header.index("acc.len") + 1
+    header.insert(at, "exp.acc")
+    for row, r in zip(table, rows, strict=True):
+        row.insert(at, _fmt(r.get("expected_mean_acceptance_length"), ".2f"))
+    return {i + 1 if i >= at else i for i in right} | {at}
+
+
+def expected_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Sampled SD cells with an expected acceptance: measured vs expected mean acceptance length, and each
+    engine fault with its text. Empty where no row has one."""
+    known = [r for r in rows if r.get("expected_mean_acceptance_length") is not None or r.get("engine_fault")]
+    if not known:
+        return []
+    out = [
+        f"expected acceptance (`speclab trace crosscheck RUN --expected`): {len(known)} sampled SD cell(s); "
+        "acc.len measured by the engine vs expected from the replay:"
+    ]
+    for r in known:
+        st = setting_text(r)
+        out.append(
+            f"  {r.get('label', r.get('method'))} {r.get('workload')} {r.get('batching')} B={r.get('batch_size')} "
+            f"{st if st == 'as logged' else 'T=' + st}: measured {_fmt(r.get('mean_acceptance_length'), '.2f')} "
+            f"expected {_fmt(r.get('expected_mean_acceptance_length'), '.2f')}"
+            + (f"  ENGINE FAULT: {r['engine_fault']}" if r.get("engine_fault") else "")
+        )
+    return out
 
 
 def format_speedup_summary(rows: list[dict[str, Any]], noise: dict[str, Any] | None = None) -> str:
@@ -178,9 +218,10 @@ def format_speedup_summary(rows: list[dict[str, Any]], noise: dict[str, Any] | N
     return "\n".join(out)
 
 
-def format_run(run_dir: str | Path) -> str:
+def format_run(run_dir: str | Path, rows: list[dict[str, Any]] | None = None) -> str:
+    """The run's text summary; `rows`: its rows as `load_rows` gives them (read here when not given)."""
     rd = Path(run_dir)
-    rows = load_rows(rd)
+    rows = load_rows(rd) if rows is None else rows
     parts = []
     cmd = rd / "command.txt"
     if cmd.exists():
@@ -225,6 +266,9 @@ def format_run(run_dir: str | Path) -> str:
             f"sampled decoding: {n_sampled} SD cell(s) at T > 0 or as logged; token-exactness does not apply "
             "to them (docs/bench.md, Sampled decoding)",
         ]
+    expected = expected_lines(rows)
+    if expected:
+        parts += ["", *expected]
     spread = startup_note(rd)
     if spread:
         parts += ["", f"engine start-ups: {spread}"]

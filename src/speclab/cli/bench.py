@@ -292,7 +292,7 @@ def show_cmd(run_dir: str, as_json: bool) -> None:
         return
     offline = load_rows(run_dir)
     if offline or not server:
-        click.echo(format_run(run_dir))
+        click.echo(format_run(run_dir, offline))
     if server:
         if offline:
             click.echo("")

@@ -55,6 +55,13 @@ def crosscheck_expected(run: str, records: list, opts: dict[str, Any], as_json: 
     ]  # fmt: skip
     by_method, by_cell = expected_summary(checks), expected_summary(checks, by="cell")
     payload = {"run": str(run), "expected": by_method, "by_cell": by_cell, "skipped_methods": skipped}
+    try:
+        saved = save_cells(run, by_cell, opts, skipped)
+    except OSError as exc:  # a run directory this user cannot write: the printed result still stands
+        click.echo(f"warning: cannot save the expected acceptance in {run}: {exc}", err=True)
+    else:
+        if saved is not None:
+            click.echo(f"expected acceptance per cell -> {saved}", err=True)
     if as_json:
         click.echo(json.dumps(payload, indent=2, default=lambda v: None if math.isnan(v) else v))
         return payload
@@ -72,3 +79,35 @@ def crosscheck_expected(run: str, records: list, opts: dict[str, Any], as_json: 
     for name, why in skipped.items():
         click.echo(f"{name:28s} skipped: {why}")
     return payload
+
+
+def cell_entry(s: dict[str, Any]) -> dict[str, Any]:
+    """One cell of RUN/expected_acceptance.json from its `expected_summary(by="cell")` entry."""
+    exp, meas = s["expected_mean_acceptance_length"], s["measured_mean_acceptance_length"]
+    return {
+        "expected_mean_acc": exp,
+        "measured_mean_acc": meas,
+        "rel_error": (meas - exp) / exp,  # signed: below 0 where the engine accepted less than expected
+        "engine_fault": s.get("engine_fault"),
+        "method": s.get("method"),
+        "k": s.get("k"),
+        "temperature": s.get("temperature"),
+        "steps": s["steps"],
+        "requests": s["requests"],
+        "mae_rel": s["mae_rel"],
+    }
+
+
+def save_cells(
+    run: str, by_cell: dict[str, dict[str, Any]], opts: dict[str, Any], skipped: dict[str, str]
+) -> Path | None:
+    """On a bench run directory: rewrite RUN/expected_acceptance.json (speclab.bench.expected_acceptance)
+    with every cell checked; its path. Anything else (a trace store, a JSONL export): nothing, None."""
+    from speclab.bench.expected_acceptance import write_expected
+    from speclab.bench.results import RESULTS
+
+    if not (Path(run).is_dir() and (Path(run) / RESULTS).is_file()):
+        return None
+    cells = {cid: cell_entry(s) for cid, s in by_cell.items() if cid}
+    settings = {"command": "speclab trace crosscheck RUN --expected", **opts}
+    return write_expected(run, cells, settings, skipped)

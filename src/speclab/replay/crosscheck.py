@@ -201,10 +201,10 @@ def expected_check(
 
 
 def expected_summary(checks: list[ExpectedCheck], by: str = "method") -> dict[str, dict[str, Any]]:
-    """Per method and temperature (by="method") or per cell (by="cell"): mean acceptance lengths measured and
-    expected (1 + accepted drafts per step), the mean absolute error of the requests' measured length
-    relative to their expected one, and "engine_fault" where the engine accepted far fewer drafts than
-    expected."""
+    """Per method and temperature (by="method") or per cell (by="cell", with the cell's method, k and
+    temperature): mean acceptance lengths measured and expected (1 + accepted drafts per step), the mean
+    absolute error of the requests' measured length relative to their expected one, and "engine_fault" where
+    the engine accepted far fewer drafts than expected."""
     groups: dict[str, list[ExpectedCheck]] = {}
     for c in checks:
         if c.steps:
@@ -222,6 +222,9 @@ def expected_summary(checks: list[ExpectedCheck], by: str = "method") -> dict[st
             "expected_mean_acceptance_length": 1.0 + exp,
             "mae_rel": float(np.mean([abs(c.measured_len - c.expected_len) / c.expected_len for c in cs])),
         }
+        if by == "cell":  # the cell's method, k and temperature (None where its requests had several)
+            temps = {c.temperature for c in cs}
+            s.update(method=cs[0].method, k=cs[0].k, temperature=temps.pop() if len(temps) == 1 else None)
         if steps >= ENGINE_FAULT_MIN_STEPS and meas < ENGINE_FAULT_RATIO * exp:
             s["engine_fault"] = (
                 f"engine accepted {meas:.2f} drafts per step, below {ENGINE_FAULT_RATIO:.0%} of the "

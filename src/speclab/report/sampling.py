@@ -123,7 +123,8 @@ def _spread_values(r: dict[str, Any]) -> tuple[float, float] | None:
 def cells(rows: list[dict[str, Any]], noise: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One record per SD row (failed ones too), sorted so that the temperature varies fastest: workload,
     batching, batch_size, setting (label), configuration, speedup, spread, verdict, figure (what the verdict
-    rests on), why, mean_acc, acc_per_pos (text), check (output check), flag (engine fault or failure)."""
+    rests on), why, mean_acc, expected_acc (the replay's expectation of it, `trace crosscheck --expected`),
+    acc_per_pos (text), check (output check), flag (engine fault or failure)."""
     rows = labelled(rows)
     by_id = {str(r.get("cell_id")): r for r in rows}
     out = []
@@ -154,6 +155,7 @@ def cells(rows: list[dict[str, Any]], noise: dict[str, Any] | None = None) -> li
                 "figure": figure,
                 "why": why,
                 "mean_acc": r.get("mean_acceptance_length") if ok else None,
+                "expected_acc": r.get("expected_mean_acceptance_length") if ok else None,
                 "acc_per_pos": " ".join(f"{a:.2f}" for a in per_pos) or None,
                 "per_pos": [float(a) for a in per_pos],
                 "check": output_check(r),

@@ -35,6 +35,19 @@ CELL_HEADERS = [
     "flag",
 ]
 CELL_KEYS = "workload batching batch_size setting configuration speedup spread verdict mean_acc acc_per_pos check flag"
+EXPECTED_HEADER = "expected acc"  # after "mean acc", where a cell has the replay's expectation
+
+
+def cell_table(cs: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """The cells table's headers and rows; with an "expected acc" column beside the engine's mean acceptance
+    length where any cell has one (RUN/expected_acceptance.json)."""
+    headers, body = list(CELL_HEADERS), pluck(cs, CELL_KEYS)
+    if any(c.get("expected_acc") is not None for c in cs):
+        at = headers.index("mean acc") + 1
+        headers.insert(at, EXPECTED_HEADER)
+        for row, c in zip(body, cs, strict=True):
+            row.insert(at, c.get("expected_acc"))
+    return headers, body
 
 
 def _row_class(c: dict[str, Any]) -> str:
@@ -121,10 +134,18 @@ def section(d: ReportData) -> list[str]:
         )
     h += _recommendations(rows, d.noise, cs)
     h.append(figure_or_missing(d.figs.get("temp_speedup"), "No finished SD cell with a speedup to plot."))
+    headers, body = cell_table(cs)
     h.append(
         '<div class="tbl"><b>Cells by temperature</b> (red: slower than no SD or flagged; amber: cannot '
-        "tell; acceptance per position: the engine's acceptance rate at draft positions 1, 2, ...)"
-        + table(CELL_HEADERS, pluck(cs, CELL_KEYS), left=5, row_classes=[_row_class(c) for c in cs])
+        "tell; acceptance per position: the engine's acceptance rate at draft positions 1, 2, ..."
+        + (
+            "; expected acc: the mean acceptance length a correct sampler gives along the cell's own outputs, "
+            "replayed by <code>speclab trace crosscheck RUN --expected</code>, beside the engine's mean acc"
+            if EXPECTED_HEADER in headers
+            else ""
+        )
+        + ")"
+        + table(headers, body, left=5, row_classes=[_row_class(c) for c in cs])
         + "</div>"
     )
     h.append(
