@@ -154,3 +154,9 @@ def test_power_figure_matches_simulation():
     assert 0.68 <= hits / reps <= 0.93, hits / reps
     assert null_hits / reps <= 0.04  # the level holds
     assert distribution_check({"p": a}, {"p": c}, positions=1)["tv_detectable_80"] == pytest.approx(tv)
+
+
+def test_a_prompt_with_one_bin_is_underpowered():
+    same = [[1, 2, 3]] * 200
+    r = distribution_check({"p": same}, {"p": same}, positions=3)
+    assert r["verdict"] == "underpowered" and r["tv_detectable_80"] == 1.0 and r["p_value"] == 1.0

@@ -23,8 +23,10 @@ Per prompt (method "chi2-homogeneity, bonferroni"):
 
 Prompts are combined with Bonferroni: pooled p = min(1, P * min_i p_i); each prompt is tested at alpha / P.
 The pooled `tv_detectable_80` is the largest prompt's (a shift of that size in any one prompt is detected
-with >= 80% power). Verdict: "fail" when pooled p < alpha; else "underpowered" when a prompt has fewer than
-`min_samples` draws per side or the pooled tv_detectable_80 exceeds `max_tv`; else "pass".
+with >= 80% power). A prompt left with one bin (every draw the same sequence, or all pooled) can show no
+difference: its tv_detectable_80 is 1. Verdict: "fail" when pooled p < alpha; else "underpowered" when a
+prompt has fewer than `min_samples` draws per side or the pooled tv_detectable_80 exceeds `max_tv`; else
+"pass".
 """
 
 from __future__ import annotations
@@ -218,7 +220,8 @@ def prompt_test(
         "samples_sd": n_sd,
         "samples_base": n_base,
         "tv_observed": tv_obs,
-        "tv_detectable_80": tv_detectable(n_sd, n_base, df, alpha_each),
+        # one bin (every draw the same sequence, or all pooled): a difference can show nowhere
+        "tv_detectable_80": tv_detectable(n_sd, n_base, df, alpha_each) if df > 0 else 1.0,
         "top": [[list(lb), int(table[0, i]), int(table[1, i])] for i, lb in enumerate(labels[:5])],
     }
 
