@@ -160,3 +160,15 @@ def test_a_prompt_with_one_bin_is_underpowered():
     same = [[1, 2, 3]] * 200
     r = distribution_check({"p": same}, {"p": same}, positions=3)
     assert r["verdict"] == "underpowered" and r["tv_detectable_80"] == 1.0 and r["p_value"] == 1.0
+
+
+def test_rare_sequences_are_pooled_by_their_common_prefix():
+    # 30 draws start with 5 and go on in 30 different ways; 4 start with 6 (rare); 20 are (7, 7); 12 ended early
+    a = [(5, i) for i in range(15)] + [(7, 7)] * 10 + [(6, 1), (6, 2)] + [(8, "<end>")] * 6
+    b = [(5, 100 + i) for i in range(15)] + [(7, 7)] * 10 + [(6, 3), (6, 4)] + [(8, "<end>")] * 6
+    table, labels = binned_table(a, b, min_count=10)
+    assert labels == [(5, "*"), (7, 7), (8, "<end>")]  # "other" (the 6s, 4 draws) went into the smallest bin
+    assert table.tolist() == [[15, 10, 8], [15, 10, 8]]
+    assert distribution_check({"p": [[1, 2]] * 3 + [[1]]}, {"p": [[1]]}, positions=2)["per_prompt"]["p"][
+        "top"
+    ][0][0] == ["<other>"]

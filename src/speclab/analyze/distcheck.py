@@ -7,8 +7,11 @@ tokens (fewer where it ended sooner) is one category.
 
 Per prompt (method "chi2-homogeneity, bonferroni"):
 - categories: the first-m-token tuples seen in either sample; a category seen fewer than `min_count` times
-  in both samples together is pooled into one "other" bin (and "other", if still below `min_count`, into the
-  smallest kept bin), so every expected count is about min_count / 2 or more;
+  in both samples together is pooled with the other rare ones that share its longest prefix seen
+  `min_count` times (bin "prefix, *"); a prefix bin still short of `min_count` passes its draws on to the
+  next shorter prefix, the empty prefix being the "other" bin (merged into the smallest bin if still short).
+  The binning depends on the two samples only through their pooled counts, so it is the same under any
+  relabelling of draws between the samples, and every bin's expected count is about min_count / 2 or more;
 - statistic: Pearson's chi-square test of homogeneity on the 2 x K table, df = K - 1, p from the chi-square
   distribution (pure numpy: the regularised incomplete gamma function below);
 - power: under a shift of the binned distribution, the statistic is approximately noncentral chi-square
@@ -45,7 +48,9 @@ POWER = 0.8
 MIN_COUNT = 10  # a category needs this many draws (both samples together) to stay its own bin
 MIN_SAMPLES = 20  # fewer draws per side for a prompt: the verdict is "underpowered" at best
 MAX_TV = 0.25  # a check that cannot see a total-variation difference this large is "underpowered"
-OTHER = ("<other>",)
+OTHER = ("<other>",)  # the bin of draws no common prefix holds
+REST = "*"  # a prefix's bin: the draws that go on from it in ways too rare to bin one by one
+END = "<end>"  # the output ended before the compared positions
 
 
 # --- chi-square distributions (pure numpy) ---------------------------------------------------------------
@@ -158,33 +163,55 @@ def tv_detectable(n_a: int, n_b: int, df: int, alpha: float, power: float = POWE
 # --- the test ----------------------------------------------------------------------------------------------
 
 
-def categories(seqs: Sequence[Sequence[int]], positions: int) -> list[tuple[int, ...]]:
-    """Each sequence's first `positions` tokens as a category (a shorter sequence: what it has)."""
-    return [tuple(int(t) for t in s[:positions]) for s in seqs]
+def categories(seqs: Sequence[Sequence[int]], positions: int) -> list[tuple[Any, ...]]:
+    """Each sequence's first `positions` tokens as a category; one that ended sooner gets END after its
+    tokens (ending there is not the same outcome as going on)."""
+    return [tuple(int(t) for t in s[:positions]) + ((END,) if len(s) < positions else ()) for s in seqs]
+
+
+def _bin_labels(total: Counter[tuple[Any, ...]], min_count: int) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    """category -> its bin: the category itself when seen min_count times, else its longest prefix seen
+    min_count times (label: prefix + REST); a prefix bin still short of min_count passes its draws on to
+    the next shorter prefix, and the empty prefix is OTHER."""
+    support: Counter[tuple[Any, ...]] = Counter()
+    for c, n in total.items():
+        for i in range(1, len(c) + 1):
+            support[c[:i]] += n
+    assigned: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    for c in total:
+        node = next((c[:i] for i in range(len(c), 0, -1) if support[c[:i]] >= min_count), ())
+        assigned.setdefault(node, []).append(c)
+    for node in sorted(assigned, key=len, reverse=True):
+        members = assigned[node]
+        if node and sum(total[c] for c in members) < min_count:
+            assigned.setdefault(node[:-1], []).extend(assigned.pop(node))
+    labels = {}
+    for node, members in assigned.items():
+        label = OTHER if not node else node if members == [node] else (*node, REST)
+        labels.update({c: label for c in members})
+    return labels
 
 
 def binned_table(
-    a: Sequence[tuple[int, ...]], b: Sequence[tuple[int, ...]], min_count: int = MIN_COUNT
+    a: Sequence[tuple[Any, ...]], b: Sequence[tuple[Any, ...]], min_count: int = MIN_COUNT
 ) -> tuple[np.ndarray, list[tuple[Any, ...]]]:
-    """The 2 x K table of counts (row 0: a, row 1: b) with rare categories pooled (module docstring), and
-    each bin's label (OTHER for the pooled one). Bins ordered by total count, largest first."""
+    """The 2 x K table of counts (row 0: a, row 1: b) with rare categories pooled by their common prefix
+    (module docstring), and each bin's label. Bins ordered by total count, largest first."""
     ca, cb = Counter(a), Counter(b)
-    total = ca + cb
-    ordered = sorted(total, key=lambda c: (-total[c], c))
-    kept = [c for c in ordered if total[c] >= min_count]
-    rare = [c for c in ordered if total[c] < min_count]
-    rows = [[ca[c], cb[c]] for c in kept]
-    labels: list[tuple[Any, ...]] = list(kept)
-    if rare:
-        other = [sum(ca[c] for c in rare), sum(cb[c] for c in rare)]
-        if sum(other) >= min_count or not rows:
-            rows.append(other)
-            labels.append(OTHER)
-        else:  # too small to stand alone: into the smallest kept bin
-            rows[-1] = [rows[-1][0] + other[0], rows[-1][1] + other[1]]
-            labels[-1] = (*labels[-1], *OTHER) if labels[-1] != OTHER else OTHER
-    table = np.array(rows, dtype=float).T.reshape(2, -1) if rows else np.zeros((2, 0))
-    return table, labels
+    label = _bin_labels(ca + cb, min_count)
+    rows: dict[tuple[Any, ...], list[int]] = {}
+    for counts, side in ((ca, 0), (cb, 1)):
+        for c, n in counts.items():
+            rows.setdefault(label[c], [0, 0])[side] += n
+    order = sorted(rows, key=lambda lb: (-sum(rows[lb]), str(lb)))
+    if OTHER in rows and sum(rows[OTHER]) < min_count and len(order) > 1:
+        # the pooled rest, too small to stand alone: into the smallest other bin
+        small = next(lb for lb in reversed(order) if lb != OTHER)
+        rows[small] = [rows[small][0] + rows[OTHER][0], rows[small][1] + rows[OTHER][1]]
+        del rows[OTHER]
+        order.remove(OTHER)
+    table = np.array([rows[lb] for lb in order], dtype=float).T.reshape(2, -1)
+    return table, order
 
 
 def chi2_homogeneity(table: np.ndarray) -> tuple[float, int, float]:

@@ -28,7 +28,7 @@ SCHEMA = "speclab.sampling-check/1"
 @click.option(
     "--samples",
     type=click.IntRange(2, 100_000),
-    default=200,
+    default=300,
     show_default=True,
     help="Draws per prompt and engine.",
 )
