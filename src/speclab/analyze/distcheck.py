@@ -3,9 +3,9 @@
 Input: per prompt, output token sequences drawn WITH speculative decoding and WITHOUT it (same prompt, same
 sampling settings, independent seeds). The first output token comes from prefill and is never speculative,
 so the test compares the JOINT distribution of the first `positions` output tokens: each sequence's first m
-tokens (fewer where it ended sooner) is one category.
+tokens is one category (one that ended sooner: its tokens and an END mark).
 
-Per prompt (method "chi2-homogeneity, bonferroni"):
+Per prompt (METHOD below):
 - categories: the first-m-token tuples seen in either sample; a category seen fewer than `min_count` times
   in both samples together is pooled with the other rare ones that share its longest prefix seen
   `min_count` times (bin "prefix, *"); a prefix bin still short of `min_count` passes its draws on to the
@@ -22,7 +22,7 @@ Per prompt (method "chi2-homogeneity, bonferroni"):
   80% power at the Bonferroni level: solve P(ncx2(df, lambda) > crit) = 0.8 for lambda, then
   delta = sqrt(lambda / (4 * n_eff)). Every shift of at least that total variation is detected at least
   that often (to the approximation's accuracy). It is measured on the binned categories: a difference only
-  inside the pooled "other" bin, or beyond the first m tokens, is not seen.
+  inside a pooled bin, or beyond the first m tokens, is not seen.
 
 Prompts are combined with Bonferroni: pooled p = min(1, P * min_i p_i); each prompt is tested at alpha / P.
 The pooled `tv_detectable_80` is the largest prompt's (a shift of that size in any one prompt is detected
@@ -42,7 +42,9 @@ from typing import Any
 
 import numpy as np
 
-METHOD = "chi2-homogeneity on first-m-token sequences, rare pooled; bonferroni over prompts"
+METHOD = (
+    "chi2-homogeneity on first-m-token sequences, rare ones pooled by common prefix; bonferroni over prompts"
+)
 ALPHA = 0.01
 POWER = 0.8
 MIN_COUNT = 10  # a category needs this many draws (both samples together) to stay its own bin
