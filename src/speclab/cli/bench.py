@@ -6,6 +6,7 @@ speclab bench SWEEP.toml --server --out RUN  its [server] cells: vllm serve + vl
 speclab bench show RUN [--json]           the results table
 speclab bench compare RUN_A RUN_B         same cells, token-exact outputs, throughput ratios
 speclab bench presets                     list sweep presets
+speclab bench check-sampling              does sampled SD keep the target's distribution? (docs/sampling.md)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from speclab.cli import batch_size_list
 from speclab.errors import ConfigError
 from speclab.outputs import check_no_loop, check_writable
 
-_SUBCOMMANDS = ("run", "show", "presets", "compare")
+_SUBCOMMANDS = ("run", "show", "presets", "compare", "check-sampling")
 
 
 class _BenchGroup(click.Group):
@@ -44,6 +45,7 @@ def command() -> None:
     speclab bench --preset demo-cpu --out RUN  run a shipped preset (see `speclab bench presets`)
     speclab bench show RUN                     print the results table
     speclab bench compare RUN_A RUN_B          same cells and outputs? throughput ratios
+    speclab bench check-sampling               does sampled SD keep the target's distribution?
     """
 
 
@@ -320,3 +322,12 @@ def presets_cmd() -> None:
 
     for name, desc in list_presets():
         click.echo(f"{name:<24} {desc}")
+
+
+def _register_check_sampling() -> None:
+    from speclab.cli.check_sampling import command as check_sampling
+
+    command.add_command(check_sampling, "check-sampling")
+
+
+_register_check_sampling()

@@ -15,14 +15,20 @@ own registration (vLLM registers its CPU kernels in `init_worker`, after general
 it is wired as a worker extension: vLLM imports `worker_extension_cls` right after the platform's overrides,
 in every worker process, in-process engines and `vllm serve` alike. See docs/engine.md, "Sampling on the CPU
 build", for the reproduction.
+
+`SPECLAB_CPU_SAMPLING_FIX=off` (also 0, false, no) leaves vLLM's own expansion in place, to see its default
+behaviour: `engine_kwargs()` then asks for no worker extension and `install()` does nothing.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 #: the kernel name vLLM's dispatcher knows the batch-to-token expansion by
 EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+#: the environment variable that turns the fix off ("off", "0", "false", "no")
+FIX_ENV = "SPECLAB_CPU_SAMPLING_FIX"
 #: the dotted name to pass as vLLM's `worker_extension_cls` (engine argument / `--worker-extension-cls`)
 WORKER_EXTENSION = "speclab.engine.sampling_ext.SamplingFixExtension"
 
@@ -47,8 +53,16 @@ def expand_tokens(
     output[: expanded.numel()].copy_(expanded.to(output.dtype))
 
 
+def fix_enabled() -> bool:
+    """False when SPECLAB_CPU_SAMPLING_FIX turns the fix off."""
+    return os.environ.get(FIX_ENV, "").strip().lower() not in ("off", "0", "false", "no")
+
+
 def engine_kwargs() -> dict[str, str]:
-    """The vLLM engine argument that installs the fix in each worker, on vLLM's CPU build only."""
+    """The vLLM engine argument that installs the fix in each worker, on vLLM's CPU build only (and not when
+    SPECLAB_CPU_SAMPLING_FIX turns it off)."""
+    if not fix_enabled():
+        return {}
     from vllm.platforms import current_platform
 
     return {"worker_extension_cls": WORKER_EXTENSION} if current_platform.is_cpu() else {}
@@ -76,7 +90,10 @@ def expansion_is_correct() -> bool:
 
 
 def install() -> bool:
-    """Register `expand_tokens` where vLLM's expansion is wrong; True when it did. Safe to call repeatedly."""
+    """Register `expand_tokens` where vLLM's expansion is wrong; True when it did. Safe to call repeatedly.
+    Does nothing when SPECLAB_CPU_SAMPLING_FIX turns the fix off."""
+    if not fix_enabled():
+        return False
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu() or expansion_is_correct():
