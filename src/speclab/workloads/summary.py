@@ -175,7 +175,8 @@ def format_summary(
         mt = r["max_tokens"]
         lines.append(
             f"max_tokens asked by {mt['n']} ({mt['min']:.0f}-{mt['max']:.0f}, median {mt['p50']:.0f}): kept in "
-            "meta; the bench generates up to its sweep's max_tokens for every prompt"
+            "meta; the bench generates up to its sweep's max_tokens for every prompt "
+            '(sampling = "as-logged": each its own)'
         )
     if r["temperature_above_0"] or r["temperature_missing"]:
         lines.append(
@@ -185,7 +186,8 @@ def format_summary(
                 if r["temperature_missing"]
                 else ""
             )
-            + ": the bench decodes greedily, so SD outputs can be checked token for token"
+            + ": the bench decodes at its sweep's temperatures (greedy by default, so SD outputs can be checked "
+            'token for token); sampling = "as-logged" runs each request with its own settings'
         )
     if r["models"]:
         lines.append("models asked for: " + ", ".join(f"{k} ({v})" for k, v in r["models"].items()))
