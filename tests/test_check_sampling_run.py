@@ -240,3 +240,30 @@ def test_missing_or_corrupt_file_leaves_rows_alone(tmp_path: Path):
 def test_a_run_without_sweep_is_refused(tmp_path: Path):
     with pytest.raises(ConfigError, match="no sweep.toml"):
         load_run_sweep(tmp_path)
+
+
+def test_the_report_shows_a_failed_check_as_an_engine_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from helpers import fake_simulator
+    from speclab.analyze.synthetic import write_synthetic_run
+    from speclab.report import build_report
+    from test_report_temperature import sampled_rows
+
+    fake_simulator(monkeypatch)
+    run = write_synthetic_run(tmp_path / "run", n_per_workload=4)
+    rows = [r for r in sampled_rows() if r["temperature"] in (0.0, 0.7)]
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    checks = {
+        check_key("ngram", "offline-chat", 0.7): {
+            "check": {"verdict": "fail", "p_value": 3e-9, "samples": 300}
+        },
+        check_key("eagle", "offline-chat", 0.7): {
+            "check": {"verdict": "pass", "p_value": 0.4, "tv_detectable_80": 0.18, "samples": 300}
+        },
+    }
+    checks_path(run).write_text(json.dumps({"checks": checks}))
+    html = build_report(tmp_path / "rep", run=run, title="SYNTHETIC").read_text()
+    assert (
+        "ENGINE FAULT: output distribution differs from the target&#x27;s (distribution check p = 3e-09)"
+        in html
+    )
+    assert "pass (p = 0.4, detects TV &gt;= 0.18 at 80% power, 300 samples)" in html
