@@ -215,12 +215,15 @@ def check_run(
     settings = {**ds.to_dict(), **(extra or {})}
     if not todo:
         echo(f"every check of the run is in {checks_path(run)} already (--force draws them again)")
-        write_checks(run, have, settings, plan.skipped)
         return have
     needed = list(dict.fromkeys(g for _, gs in todo for g in gs))
     prompts = {w: _prompts(prompt_provider, w, ds.limit) for w in dict.fromkeys(w for w, _ in needed)}
     with tempfile.TemporaryDirectory(prefix="speclab-check-sampling-") as tmp:
         d = Path(tmp)
+        eager = ", eager (speed is not measured here)" if ds.enforce_eager else ""
+        echo(
+            f"engines: the run's sweep's, one at a time{eager}; the first {ds.limit} prompt(s) of each workload"
+        )
         echo(f"engine without SD: {_what(needed, prompts, ds)}")
         base_res = by_group(
             run_job(check_job(plan.spec, plan.baseline, needed, prompts, ds), d, "base", env), needed
@@ -239,7 +242,9 @@ def check_run(
             for g, rs in by_group(res, gs).items():
                 check = test(outputs_by_prompt(rs), base[g])
                 have[_key(m, g)] = _entry(m, g, ds, check, acceptance(rs), info)
-                echo(f"  {g[0]} T={g[1].temperature:g}: {check.get('verdict')} (p = {check.get('p_value')})")
+                p = check.get("p_value")
+                p_text = "-" if p is None else format(p, ".3g")
+                echo(f"  {g[0]} T={g[1].temperature:g}: {check.get('verdict')} (p = {p_text})")
             write_checks(run, have, settings, plan.skipped)
     if failed:
         raise SpeclabError(
