@@ -4,6 +4,10 @@ Draws `--samples` outputs per prompt from an engine without SD and then from one
 time, speclab.bench.sampling_check), compares the joint distribution of the first `--positions` output
 tokens per prompt (speclab.analyze.distcheck) and prints a table; `--out` writes the whole result as JSON.
 Exit status 1 when the verdict is "fail". docs/sampling.md explains the test, its power and its limits.
+
+`--run RUN` checks every sampled SD cell of a bench run instead (speclab.bench.run_sampling_check): the run's
+engines, settings, workloads and prompts, results in RUN/distribution_checks.json, which `bench show` and
+`report` merge into the run's rows.
 """
 
 from __future__ import annotations
