@@ -157,6 +157,9 @@ def test_checks_written_merged_shown_and_resumed(run: Path, monkeypatch: pytest.
     text = format_run(run)
     assert "distribution check (`speclab bench check-sampling --run RUN`): 6 sampled SD" in text
     assert "sfx offline-math T=0.7 top-k 20 (B=1,2): FAIL" in text and "ENGINE FAULT" in text
+    table = [ln for ln in text.splitlines() if ln.split()[3:4] == ["sfx"] and ln.endswith(("ok", "FAULT"))]
+    assert len(table) == 6  # T (the column after the label) 0, 0.7 and 1 at B = 1 and 2; faulty where T > 0
+    assert all(ln.rstrip().endswith("ok, ENGINE FAULT") == (ln.split()[4] != "0") for ln in table)
     # a rerun draws nothing; a missing key is drawn again, on the engines it needs only
     check_run(run, plan, fake_prompts, DS, _test, echo=said.append)
     assert len(_started(run)) == 3 and "already" in said[-1]

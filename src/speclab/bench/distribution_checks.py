@@ -132,6 +132,12 @@ def merge_checks(
     return rows
 
 
+def check_failed(r: dict[str, Any]) -> bool:
+    """Whether a row's distribution check failed (its output distribution differs from no SD's)."""
+    dc = r.get("distribution_check")
+    return isinstance(dc, dict) and dc.get("verdict") == "fail"
+
+
 def check_lines(rows: list[dict[str, Any]]) -> list[str]:
     """For `bench show`: one line per checked entry, workload and setting (its batch sizes named), with the
     verdict, p value and the total variation detectable at 80% power; a failed check is an ENGINE FAULT.

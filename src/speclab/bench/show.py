@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from speclab.bench.distribution_checks import check_lines, merge_checks
+from speclab.bench.distribution_checks import check_failed, check_lines, merge_checks
 from speclab.bench.expected_acceptance import merge_expected
 from speclab.bench.noise import describe, load_noise
 from speclab.bench.repeats import (
@@ -111,7 +111,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 _mib(mem.get("added_peak_rss_bytes")) if r.get("method") != "none" else "-",
                 "-" if exact is None else ("yes" if exact else "NO"),
                 (r.get("status", "") if r.get("status") == "ok" else f"FAILED: {str(r.get('error'))[:60]}")
-                + (", ENGINE FAULT" if r.get("engine_fault") else ""),
+                + (", ENGINE FAULT" if r.get("engine_fault") or check_failed(r) else ""),
             ]
         )
     right = {2, 4, 5, 6, 9, 10, 11}
