@@ -270,3 +270,16 @@ def test_the_report_shows_a_failed_check_as_an_engine_fault(tmp_path: Path, monk
         in html
     )
     assert "pass (p = 0.4, detects TV &gt;= 0.18 at 80% power, 300 samples)" in html
+
+
+def test_the_run_sweep_keeps_the_command_lines_methods_and_temperatures(tmp_path: Path):
+    from speclab.bench.results import write_run_files
+
+    f = tmp_path / "sweep.toml"
+    f.write_text(SWEEP)
+    spec, text = load_sweep_source(f, overrides={"temperatures": [0.5]}, methods=["sfx"])
+    (tmp_path / "run").mkdir()
+    write_run_files(tmp_path / "run", spec, text, None)
+    got = load_run_sweep(tmp_path / "run")
+    assert [m.label for m in got.methods] == ["none", "sfx"] and got.temperatures == [0.5]
+    assert got.to_dict() == spec.to_dict()
