@@ -77,19 +77,44 @@ def sampling(settings: CheckSettings, seed: int) -> dict[str, Any]:
     return s
 
 
+def prime_cell(prompts: list[PromptSpec], cell_id: str = PRIME) -> CellSpec:
+    """The cell that puts each prompt's prefill in vLLM's prefix cache (one greedy token, not a draw)."""
+    return CellSpec(cell_id, "replicate", 1, 1, [PromptSpec(p.id, list(p.prompt_token_ids)) for p in prompts])
+
+
+def is_prime(cell_id: str) -> bool:
+    return cell_id == PRIME or cell_id.startswith(PRIME + ":")
+
+
+def draw_cells(
+    settings: CheckSettings, prompts: list[PromptSpec], sd: bool, prefix: str = ""
+) -> list[CellSpec]:
+    """The prompts' draws as replicate cells of at most `chunk` copies each (ids `<prefix>sd-<j>` or
+    `<prefix>base-<j>`): the engine without SD draws seeds seed .., the one with SD seed + samples .."""
+    first = settings.seed + (settings.samples if sd else 0)
+    size = min(settings.chunk, settings.samples)
+    cells = []
+    for j, start in enumerate(range(0, settings.samples, size)):
+        n = min(size, settings.samples - start)
+        ps = [PromptSpec(p.id, list(p.prompt_token_ids), sampling(settings, first + start)) for p in prompts]
+        cells.append(
+            CellSpec(f"{prefix}{'sd' if sd else 'base'}-{j}", "replicate", n, settings.max_tokens, ps)
+        )
+    return cells
+
+
+#: llm_kwargs of every check engine: the copies of a prompt share its prefill (caching it changes no token's
+#: distribution); no chunked prefill: vLLM moves a seeded generator back for a partial prefill's discarded
+#: token, which a CPU generator refuses ("does not use offset"), so whole prompts are scheduled instead
+CHECK_LLM_KWARGS = {"enable_prefix_caching": True, "enable_chunked_prefill": False}
+
+
 def engine_job(settings: CheckSettings, prompts: list[PromptSpec], sd: bool) -> Job:
     """One engine's job: the prompts' draws as replicate cells of at most `chunk` copies each, after a
     PRIME cell (one greedy token per prompt, not a draw) that puts each prompt's prefill in vLLM's prefix
     cache, so the copies scheduled together share it instead of each computing it."""
-    first = settings.seed + (settings.samples if sd else 0)
     size = min(settings.chunk, settings.samples)
-    cells = [
-        CellSpec(PRIME, "replicate", 1, 1, [PromptSpec(p.id, list(p.prompt_token_ids)) for p in prompts])
-    ]
-    for j, start in enumerate(range(0, settings.samples, size)):
-        n = min(size, settings.samples - start)
-        ps = [PromptSpec(p.id, list(p.prompt_token_ids), sampling(settings, first + start)) for p in prompts]
-        cells.append(CellSpec(f"{'sd' if sd else 'base'}-{j}", "replicate", n, settings.max_tokens, ps))
+    cells = [prime_cell(prompts), *draw_cells(settings, prompts, sd)]
     longest = max(len(p.prompt_token_ids) for p in prompts)
     engine = EngineSpec(
         target=settings.target,
@@ -102,10 +127,7 @@ def engine_job(settings: CheckSettings, prompts: list[PromptSpec], sd: bool) -> 
         enforce_eager=settings.enforce_eager,
         kv_cache_gib=settings.kv_cache_gib,
         seed=settings.seed,
-        # the copies of a prompt share its prefill; caching it changes no token's distribution
-        # no chunked prefill: vLLM moves a seeded generator back for a partial prefill's discarded token,
-        # which a CPU generator refuses ("does not use offset"); whole prompts are scheduled instead
-        llm_kwargs={"enable_prefix_caching": True, "enable_chunked_prefill": False},
+        llm_kwargs=dict(CHECK_LLM_KWARGS),
     )
     return Job(engine, cells, warmup=True)
 
@@ -136,7 +158,7 @@ def outputs_by_prompt(results: list[CellResult]) -> dict[str, list[list[int]]]:
     """prompt id -> every draw's output token ids, in cell and copy order."""
     out: dict[str, list[list[int]]] = {}
     for r in results:
-        if r.cell_id == PRIME:
+        if is_prime(r.cell_id):
             continue
         for req in sorted(r.requests, key=lambda q: q.copy):
             out.setdefault(req.id, []).append(list(req.output_token_ids))
@@ -150,7 +172,7 @@ def acceptance(results: list[CellResult]) -> dict[str, Any]:
     per_pos: list[int] = []
     for r in results:
         sc = r.spec_counters
-        if sc is None or r.cell_id == PRIME:
+        if sc is None or is_prime(r.cell_id):
             continue
         drafts += sc.num_drafts
         drafted += sc.num_draft_tokens

@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from speclab.bench.distribution_checks import check_failed, check_lines, merge_checks
 from speclab.bench.expected_acceptance import merge_expected
 from speclab.bench.noise import describe, load_noise
 from speclab.bench.repeats import (
@@ -21,11 +22,12 @@ from speclab.bench.sampling import has_sampled, is_sampled_row, row_setting, set
 
 
 def load_rows(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The run's offline rows with their speedups, and the expected acceptance and engine faults of
-    RUN/expected_acceptance.json merged in (`trace crosscheck RUN --expected`)."""
+    """The run's offline rows with their speedups, the expected acceptance and engine faults of
+    RUN/expected_acceptance.json (`trace crosscheck RUN --expected`) and the distribution checks of
+    RUN/distribution_checks.json (`bench check-sampling --run RUN`) merged in."""
     rows = read_rows(run_dir)
     fill_speedups(rows)
-    return merge_expected(rows, run_dir)
+    return merge_checks(merge_expected(rows, run_dir), run_dir)
 
 
 def _sort_key(r: dict[str, Any], method_order: dict[str, int]) -> tuple:
@@ -109,7 +111,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 _mib(mem.get("added_peak_rss_bytes")) if r.get("method") != "none" else "-",
                 "-" if exact is None else ("yes" if exact else "NO"),
                 (r.get("status", "") if r.get("status") == "ok" else f"FAILED: {str(r.get('error'))[:60]}")
-                + (", ENGINE FAULT" if r.get("engine_fault") else ""),
+                + (", ENGINE FAULT" if r.get("engine_fault") or check_failed(r) else ""),
             ]
         )
     right = {2, 4, 5, 6, 9, 10, 11}
@@ -269,6 +271,9 @@ def format_run(run_dir: str | Path, rows: list[dict[str, Any]] | None = None) ->
     expected = expected_lines(rows)
     if expected:
         parts += ["", *expected]
+    checked = check_lines(rows)
+    if checked:
+        parts += ["", *checked]
     spread = startup_note(rd)
     if spread:
         parts += ["", f"engine start-ups: {spread}"]

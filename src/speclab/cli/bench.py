@@ -7,6 +7,7 @@ speclab bench show RUN [--json]           the results table
 speclab bench compare RUN_A RUN_B         same cells, token-exact outputs, throughput ratios
 speclab bench presets                     list sweep presets
 speclab bench check-sampling              does sampled SD keep the target's distribution? (docs/sampling.md)
+speclab bench check-sampling --run RUN    the same for every sampled SD cell of a run
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def command() -> None:
     speclab bench show RUN                     print the results table
     speclab bench compare RUN_A RUN_B          same cells and outputs? throughput ratios
     speclab bench check-sampling               does sampled SD keep the target's distribution?
+    speclab bench check-sampling --run RUN     ... for every sampled SD cell of a run
     """
 
 

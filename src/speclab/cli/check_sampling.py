@@ -4,6 +4,10 @@ Draws `--samples` outputs per prompt from an engine without SD and then from one
 time, speclab.bench.sampling_check), compares the joint distribution of the first `--positions` output
 tokens per prompt (speclab.analyze.distcheck) and prints a table; `--out` writes the whole result as JSON.
 Exit status 1 when the verdict is "fail". docs/sampling.md explains the test, its power and its limits.
+
+`--run RUN` checks every sampled SD cell of a bench run instead (speclab.bench.run_sampling_check): the run's
+engines, settings, workloads and prompts, results in RUN/distribution_checks.json, which `bench show` and
+`report` merge into the run's rows.
 """
 
 from __future__ import annotations
@@ -67,10 +71,21 @@ SCHEMA = "speclab.sampling-check/1"
 @click.option("--max-prompt-tokens", type=click.IntRange(16), default=512, show_default=True)
 @seed_option("First sampling seed (the SD engine's draws use the seeds after the baseline's).", default=0)
 @click.option("--out", help="Write the result as JSON here.")
-@click.option("--force", is_flag=True, help="Replace an existing --out file.")
-def command(**kw: Any) -> None:
+@click.option(
+    "--run",
+    "run_dir",
+    type=click.Path(file_okay=False),
+    help="Check every sampled SD cell of this bench run (its engines, settings and workloads; the first "
+    "--limit prompts of each) and write RUN/distribution_checks.json.",
+)
+@click.option(
+    "--force", is_flag=True, help="Replace an existing --out file; with --run: draw every check again."
+)
+@click.pass_context
+def command(ctx: click.Context, **kw: Any) -> None:
     """Check that sampled SD keeps the target's output distribution (a two-sample test with stated power).
 
+    With --run RUN: every SD entry of the run at each of its temperatures > 0 on each of its workloads.
     Set SPECLAB_CPU_SAMPLING_FIX=off to see vLLM's own behaviour without speclab's CPU sampling fix."""
     from speclab.analyze.distcheck import distribution_check
     from speclab.bench.sampling_check import CheckSettings, draw_samples
@@ -80,6 +95,9 @@ def command(**kw: Any) -> None:
     max_tokens = kw["max_tokens"] or kw["positions"] + 1
     if max_tokens < kw["positions"]:
         raise ConfigError(f"--max-tokens {max_tokens}: below --positions {kw['positions']}")
+    if kw["run_dir"]:
+        _check_run(ctx, kw, max_tokens)
+        return
     if kw["out"]:
         output_file(kw["out"], force=kw["force"])
     options: dict[str, Any] = {}
@@ -123,6 +141,60 @@ def command(**kw: Any) -> None:
         atomic_write_text(kw["out"], json.dumps(result, indent=1))
         click.echo(f"result: {kw['out']}")
     if check["verdict"] == "fail":
+        sys.exit(1)
+
+
+# what the run decides under --run (giving one of them is an error)
+_RUN_DECIDES = ("workload", "temperature", "top_p", "top_k", "method", "k", "draft", "target", "dtype",
+                "max_prompt_tokens", "out")  # fmt: skip
+
+
+def _check_run(ctx: click.Context, kw: dict[str, Any], max_tokens: int) -> None:
+    """`--run RUN`: the distribution check of every sampled SD cell of a bench run (bench/run_sampling_check.py)."""
+    from click.core import ParameterSource
+
+    from speclab.analyze.distcheck import distribution_check
+    from speclab.bench.api import default_prompt_provider
+    from speclab.bench.rows import read_rows
+    from speclab.bench.run_sampling_check import DrawSettings, check_run, load_run_sweep, plan_checks
+    from speclab.engine import cpu_sampling
+
+    given = [n for n in _RUN_DECIDES if ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
+    if given:
+        names = ", ".join("--" + n.replace("_", "-") for n in given)
+        raise ConfigError(f"--run: the run decides {names} (its sweep's); leave them out")
+    spec = load_run_sweep(kw["run_dir"])
+    plan = plan_checks(spec, read_rows(kw["run_dir"]))
+    if not plan.entries and not plan.skipped:
+        raise ConfigError(f"--run {kw['run_dir']}: no SD entry of the run has a sampled cell to check")
+    ds = DrawSettings(
+        samples=kw["samples"], positions=kw["positions"], limit=kw["limit"], max_tokens=max_tokens,
+        seed=kw["seed"], chunk=kw["batch"], enforce_eager=kw["enforce_eager"],
+    )  # fmt: skip
+    fix = "on" if cpu_sampling.fix_enabled() else "off"
+    done = check_run(
+        kw["run_dir"],
+        plan,
+        default_prompt_provider(spec),
+        ds,
+        lambda sd, base: distribution_check(sd, base, positions=kw["positions"]),
+        force=kw["force"],
+        echo=lambda s: click.echo(s, err=True),
+        extra={"cpu_sampling_fix": fix, "command": shlex.join(["speclab", *sys.argv[1:]])},
+    )
+    from speclab.bench.distribution_checks import checks_path
+
+    fails = [k for k, e in done.items() if e["check"].get("verdict") == "fail"]
+    for key, e in done.items():
+        c = e["check"]
+        click.echo(
+            f"{key}: {str(c.get('verdict')).upper()} (p = {_num(c.get('p_value'))}, detects TV >= "
+            f"{_num(c.get('tv_detectable_80'), '.3f')} at 80% power, {c.get('samples')} samples)"
+        )
+    click.echo(
+        f"checks: {checks_path(kw['run_dir'])} (CPU sampling fix: {fix}); shown by `speclab bench show`"
+    )
+    if fails:
         sys.exit(1)
 
 

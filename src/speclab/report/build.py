@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from speclab.atomic import atomic_write_bytes, atomic_write_text
+from speclab.bench.distribution_checks import merge_checks
 from speclab.bench.expected_acceptance import merge_expected
 from speclab.bench.noise import load_noise
 from speclab.bench.rows import read_rows
@@ -64,8 +65,9 @@ def build_report(
 ) -> Path:
     """Write OUT/report.html and OUT/*.png; returns the HTML path."""
     run_path = Path(run) if run else None
-    # with the expected acceptance and engine faults of `trace crosscheck RUN --expected` merged in
-    all_rows = merge_expected(read_rows(run_path), run_path) if run_path else None
+    # with the expected acceptance and engine faults of `trace crosscheck RUN --expected` and the distribution
+    # checks of `bench check-sampling --run RUN` merged in
+    all_rows = merge_checks(merge_expected(read_rows(run_path), run_path), run_path) if run_path else None
     server_rows_all = read_rows(run_path, mode="server") if run_path else None
     # the greedy sections read T = 0 only where the run also has sampled cells (the temperature section
     # reads every setting)
