@@ -17,15 +17,11 @@ stay as they are.
 
 from __future__ import annotations
 
-import json
-import math
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from speclab.atomic import atomic_write_text
+from speclab.bench.run_files import read_run_json, run_file, write_run_json
 from speclab.bench.sampling import is_sampled_row, row_setting, setting_text
 
 CHECKS_FILE = "distribution_checks.json"
@@ -36,8 +32,7 @@ ROW_FIELDS = ("verdict", "p_value", "tv_detectable_80", "samples", "positions", 
 
 def checks_path(run: str | Path) -> Path:
     """The file of a run directory (or of the run whose results.jsonl `run` is)."""
-    run = Path(run)
-    return (run if run.is_dir() or run.suffix != ".jsonl" else run.parent) / CHECKS_FILE
+    return run_file(run, CHECKS_FILE)
 
 
 def check_key(label: str, workload: str, temperature: float, top_p: float = 1.0, top_k: int = 0) -> str:
@@ -55,16 +50,6 @@ def row_key(r: dict[str, Any]) -> str | None:
     return check_key(str(r.get("label") or r.get("method")), str(r.get("workload")), temp, top_p, top_k)
 
 
-def _finite(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_finite(x) for x in v]
-    return v
-
-
 def write_checks(
     run: str | Path,
     checks: dict[str, dict[str, Any]],
@@ -72,20 +57,8 @@ def write_checks(
     skipped: dict[str, str] | None = None,
 ) -> Path:
     """Replace the run's file (atomically) with these checks; returns its path."""
-    payload = {
-        "schema": SCHEMA,
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "settings": settings,
-        "checks": _finite(checks),
-        "skipped": dict(skipped or {}),
-    }
-    path = checks_path(run)
-    atomic_write_text(path, json.dumps(payload, indent=1, default=str) + "\n")
-    return path
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr)
+    fields = {"schema": SCHEMA, "settings": settings, "checks": checks, "skipped": dict(skipped or {})}
+    return write_run_json(checks_path(run), fields, indent=1)
 
 
 def read_checks(
@@ -93,25 +66,14 @@ def read_checks(
 ) -> dict[str, dict[str, Any]] | None:
     """{key: check entry} from the run's file; None where there is none, or (after one warning line through
     `warn`, default stderr) where it cannot be read or is not such a file."""
-    path = checks_path(run)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        why = f"{type(exc).__name__}: {exc}"
-    else:
-        checks = data.get("checks") if isinstance(data, dict) else None
-        if isinstance(checks, dict) and all(
-            isinstance(e, dict) and isinstance(e.get("check"), dict) for e in checks.values()
-        ):
-            return checks
-        why = "not a distribution-checks file (no 'checks' object of check entries)"
-    (warn or _stderr)(
-        f"warning: {path}: cannot read ({why}); shown without the distribution checks "
-        "(`speclab bench check-sampling --run RUN --force` rewrites it)"
+    return read_run_json(
+        checks_path(run),
+        "checks",
+        lambda e: isinstance(e, dict) and isinstance(e.get("check"), dict),
+        "a distribution-checks",
+        "shown without the distribution checks (`speclab bench check-sampling --run RUN --force` rewrites it)",
+        warn,
     )
-    return None
 
 
 def merge_checks(

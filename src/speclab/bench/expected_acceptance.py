@@ -13,15 +13,12 @@ expected_mean_acc, measured_mean_acc, rel_error, engine_fault (text or null), me
 
 from __future__ import annotations
 
-import json
 import math
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from speclab.atomic import atomic_write_text
+from speclab.bench.run_files import read_run_json, run_file, write_run_json
 
 EXPECTED_FILE = "expected_acceptance.json"
 # each cell entry's fields (a cell may carry more)
@@ -31,12 +28,7 @@ CELL_FIELDS = ("expected_mean_acc", "measured_mean_acc", "rel_error", "engine_fa
 
 def expected_path(run: str | Path) -> Path:
     """The file of a run directory (or of the run whose results.jsonl `run` is)."""
-    run = Path(run)
-    return (run if run.is_dir() or run.suffix != ".jsonl" else run.parent) / EXPECTED_FILE
-
-
-def _finite(v: Any) -> Any:
-    return None if isinstance(v, float) and not math.isfinite(v) else v
+    return run_file(run, EXPECTED_FILE)
 
 
 def write_expected(
@@ -47,19 +39,8 @@ def write_expected(
 ) -> Path:
     """Replace the run's file (atomically) with these cells (and the methods that could not be replayed,
     with why); returns its path."""
-    payload = {
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "settings": settings,
-        "cells": {cid: {k: _finite(v) for k, v in e.items()} for cid, e in cells.items()},
-        "skipped_methods": dict(skipped or {}),
-    }
-    path = expected_path(run)
-    atomic_write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
-    return path
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr)
+    fields = {"settings": settings, "cells": cells, "skipped_methods": dict(skipped or {})}
+    return write_run_json(expected_path(run), fields)
 
 
 def read_expected(
@@ -67,23 +48,14 @@ def read_expected(
 ) -> dict[str, dict[str, Any]] | None:
     """{cell id: entry} from the run's file; None where there is none, or (after one warning line through
     `warn`, default stderr) where it cannot be read or is not such a file."""
-    path = expected_path(run)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        why = f"{type(exc).__name__}: {exc}"
-    else:
-        cells = data.get("cells") if isinstance(data, dict) else None
-        if isinstance(cells, dict) and all(isinstance(e, dict) for e in cells.values()):
-            return cells
-        why = "not an expected-acceptance file (no 'cells' object of cell entries)"
-    (warn or _stderr)(
-        f"warning: {path}: cannot read ({why}); shown without the expected acceptance "
-        "(`speclab trace crosscheck RUN --expected` rewrites it)"
+    return read_run_json(
+        expected_path(run),
+        "cells",
+        lambda e: isinstance(e, dict),
+        "an expected-acceptance",
+        "shown without the expected acceptance (`speclab trace crosscheck RUN --expected` rewrites it)",
+        warn,
     )
-    return None
 
 
 def _number(v: Any) -> float | None:
