@@ -16,6 +16,12 @@ it is wired as a worker extension: vLLM imports `worker_extension_cls` right aft
 in every worker process, in-process engines and `vllm serve` alike. See docs/engine.md, "Sampling on the CPU
 build", for the reproduction.
 
+A second fault of the same path: without Triton, top-k alone (no request with top-p below 1) goes through
+`topk_topp_sampler.apply_top_k_only`, which calls `k.max()` and raises on an empty tensor, so an engine step
+whose batch has a top-k request but no draft token at all (every lookup missed) kills the engine.
+`guard_empty_top_k()` wraps that function so an empty batch of logits is returned as it is (there is nothing
+to mask), only where the probe shows the fault; `install()` applies both.
+
 `SPECLAB_CPU_SAMPLING_FIX=off` (also 0, false, no) leaves vLLM's own expansion in place, to see its default
 behaviour: `engine_kwargs()` then asks for no worker extension and `install()` does nothing.
 """
@@ -89,15 +95,47 @@ def expansion_is_correct() -> bool:
     return True
 
 
+def top_k_only_fails_on_empty() -> bool:
+    """Does vLLM's top-k-only masking raise on a batch without rows (a step with no draft token)?"""
+    import torch
+    from vllm.v1.sample.ops import topk_topp_sampler as ops
+
+    try:
+        ops.apply_top_k_only(torch.zeros(0, 4), torch.zeros(0, dtype=torch.int32))
+    except RuntimeError:
+        return True
+    return False
+
+
+def guard_empty_top_k() -> bool:
+    """Make vLLM's top-k-only masking return an empty batch of logits unchanged, where it raises on one;
+    True when it did."""
+    from vllm.v1.sample.ops import topk_topp_sampler as ops
+
+    if not top_k_only_fails_on_empty():
+        return False
+    original = ops.apply_top_k_only
+
+    def apply_top_k_only(logits: Any, k: Any) -> Any:
+        return logits if logits.shape[0] == 0 else original(logits, k)
+
+    ops.apply_top_k_only = apply_top_k_only
+    return True
+
+
 def install() -> bool:
-    """Register `expand_tokens` where vLLM's expansion is wrong; True when it did. Safe to call repeatedly.
-    Does nothing when SPECLAB_CPU_SAMPLING_FIX turns the fix off."""
+    """Register `expand_tokens` where vLLM's expansion is wrong, and guard top-k masking against an empty
+    batch where it fails on one; True when either was needed. Safe to call repeatedly. Does nothing when
+    SPECLAB_CPU_SAMPLING_FIX turns the fix off."""
     if not fix_enabled():
         return False
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu() or expansion_is_correct():
+    if not current_platform.is_cpu():
         return False
+    guarded = guard_empty_top_k()
+    if expansion_is_correct():
+        return guarded
     from vllm.triton_utils.dispatcher import register_kernels
 
     register_kernels({EXPAND_KERNEL: expand_tokens})
