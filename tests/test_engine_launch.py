@@ -109,7 +109,9 @@ def _engine(fake: _FakeEngine) -> worker.Engine:
 def test_drive_runs_long_requests_and_stops_an_engine_that_makes_no_progress(monkeypatch) -> None:
     monkeypatch.setattr(worker, "MAX_IDLE_STEPS", 50)
     # more steps in all than the idle limit is fine as long as tokens keep coming
-    done, steps = _engine(_FakeEngine(stuck=False, tokens=40)).drive([("a", [1]), ("b", [2])], 1, 40)
+    eng = _engine(_FakeEngine(stuck=False, tokens=40))
+    done, steps = eng.drive([("a", [1], eng._params(40)), ("b", [2], eng._params(40))], 1)
     assert set(done) == {"a", "b"} and steps == 80
     with pytest.raises(RuntimeError, match="no progress in 51 steps"):
-        _engine(_FakeEngine(stuck=True)).drive([("a", [1])], 1, 8)
+        eng = _engine(_FakeEngine(stuck=True))
+        eng.drive([("a", [1], eng._params(8))], 1)
