@@ -178,6 +178,9 @@ def _cell(
     }
     if fingerprint is not None:  # only for file workloads: built-in cells keep their ids
         common["file_sha256"] = fingerprint
+    if w in spec.workload_mixes:  # a mixed workload: its parts, their shares and their files
+        parts = spec.workload_mixes[w]
+        common["mix"] = {p: [s, file_fingerprint(p, spec.workload_files)] for p, s in parts.items()}
     if not st.is_default:  # only for sampled cells: greedy cells keep the ids they always had
         common["sampling"] = st.key()
     bkey = digest(common)

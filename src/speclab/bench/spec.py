@@ -104,6 +104,7 @@ TOP_KEYS = {
     "repeats",
     "restart_each_repeat",
     "server",
+    "mix",
     *SAMPLING_KEYS,
 }
 ENGINE_KEYS = {"max_model_len", "enforce_eager", "kv_cache_gib", "llm_kwargs", "max_num_seqs"}
@@ -129,6 +130,7 @@ class SweepSpec:
     max_num_seqs: int | None = None  # default: the largest batch size an engine serves
     workload_sources: dict[str, str] = field(default_factory=dict)  # workload -> local data path
     workload_files: dict[str, dict[str, Any]] = field(default_factory=dict)  # [workloads.NAME] with a path
+    workload_mixes: dict[str, dict[str, float]] = field(default_factory=dict)  # mixed workload -> its shares
     description: str = ""
     source: str = ""  # where the spec came from (file path or preset:NAME), for messages
     # times each cell is measured, interleaved with its baseline; not part of cell ids (adding repeats to a
@@ -183,6 +185,7 @@ class SweepSpec:
             },
             "workload_sources": self.workload_sources,
             "workload_files": self.workload_files,
+            "workload_mixes": self.workload_mixes,
             "methods": [m.to_dict() for m in self.methods],
             **({"server": self.server.to_dict()} if self.server is not None else {}),
         }
@@ -311,6 +314,13 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
         workloads, files = workload_tables(data["workloads"], src)
     else:
         workloads = _str_list(data["workloads"], f"{src}: field workloads")
+    mixes: dict[str, dict[str, float]] = {}
+    tables = data["workloads"] if isinstance(data["workloads"], dict) else {}
+    if "mix" in data or any(isinstance(t, dict) and "mix" in t for t in tables.values()):
+        from speclab.workloads.file_workloads import mix_tables
+
+        added, mixes = mix_tables(tables, src, set(files), data.get("mix"))
+        workloads = [*workloads, *(w for w in added if w not in workloads)]
     if "batch_sizes" not in data:
         raise ConfigError(f"{src}: field batch_sizes: missing")
     sizes = _batch_sizes(data["batch_sizes"], f"{src}: field batch_sizes")
@@ -351,6 +361,7 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
         **engine,
         workload_sources=dict(sources),
         workload_files=files,
+        workload_mixes=mixes,
         source=source,
         server=server,
         **sampling,
