@@ -182,6 +182,7 @@ def test_sweep_on_user_files_runs_end_to_end_like_a_built_in(
     assert {r.category for r in recs if r.workload == "my-prompts"} == {"code-editing", "math"}
     table = format_run(tmp_path / "run")
     assert all(w in table for w in spec.workloads)
+    assert "per category" in table and " math " in table
     # the completions request went to the engine as raw text, the chat ones through the template
     job = json.loads(next((tmp_path / "run" / "engines").glob("*/attempt-1/job.json")).read_text())
     texts = {

@@ -70,3 +70,29 @@ def category_breakdown(
             )
         out[cat] = entry
     return out
+
+
+def category_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """`bench show`'s per-category table of the ok cells that have one (empty if none has)."""
+    split = [r for r in rows if r.get("status") == "ok" and r.get("per_category")]
+    if not split:
+        return []
+    head = ("workload", "batching", "B", "entry", "category", "requests", "out tok", "acc len", "tok/step")
+    body = []
+    for r in split:
+        for cat, v in r["per_category"].items():
+            acc, tps = v.get("mean_acceptance_length"), v.get("mean_tokens_per_step")
+            body.append((
+                str(r.get("workload")), str(r.get("batching")), str(r.get("batch_size")),
+                str(r.get("label") or r.get("method")), cat, str(v.get("num_requests")), str(v.get("output_tokens")),
+                "-" if acc is None else f"{acc:.2f}", "-" if tps is None else f"{tps:.2f}",
+            ))  # fmt: skip
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    out = [
+        "per category (cells whose prompts span several categories; throughput and speedup are the cell's: "
+        "its categories share one engine batch)"
+    ]
+    out += [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)).rstrip() for x in [head, *body]
+    ]
+    return out
