@@ -8,6 +8,8 @@ the batch sizes and how a batch is formed, the prompt count, max tokens and seed
     dtype = "float32"
     workloads = ["offline-code-edit", "offline-math"]   # or "file:PATH" (a prompts file / request log),
                                      # or [workloads.NAME] tables instead of this list (below)
+    mix = { offline-code-edit = 0.5, offline-math = 0.5 }   # optional: a mixed workload named "mix"
+                                     # (workloads/mix.py); workloads may then be left out
     batch_sizes = [1, 4, 16]
     batching = "continuous"          # or "replicate", or ["replicate", "continuous"]
     num_prompts = 16
@@ -305,17 +307,19 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
     dtype = data.get("dtype", "float32")
     if dtype not in DTYPES:
         raise ConfigError(f"{src}: field dtype: {dtype!r} not one of {', '.join(DTYPES)}")
-    if "workloads" not in data:
+    if "workloads" not in data and "mix" not in data:
         raise ConfigError(f"{src}: field workloads: missing")
     files: dict[str, dict[str, Any]] = {}
-    if isinstance(data["workloads"], dict):
+    if "workloads" not in data:  # a top-level mix alone
+        workloads = []
+    elif isinstance(data["workloads"], dict):
         from speclab.workloads.file_workloads import workload_tables
 
         workloads, files = workload_tables(data["workloads"], src)
     else:
         workloads = _str_list(data["workloads"], f"{src}: field workloads")
     mixes: dict[str, dict[str, float]] = {}
-    tables = data["workloads"] if isinstance(data["workloads"], dict) else {}
+    tables = data["workloads"] if isinstance(data.get("workloads"), dict) else {}
     if "mix" in data or any(isinstance(t, dict) and "mix" in t for t in tables.values()):
         from speclab.workloads.file_workloads import mix_tables
 
