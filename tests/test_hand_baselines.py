@@ -58,3 +58,23 @@ def test_per_category_best_and_routing_beat_every_static():
     assert res["schedule"]["method"] in ("ngram", "eagle3")
     text = markdown(res)
     assert "per-category static routing" in text and "chat alone" in text
+
+
+def test_the_command_writes_what_the_report_shows(tmp_path, capsys):
+    from speclab.report.categories import section
+    from speclab.report.data import ReportData
+    from speclab.simulate.adaptive.baselines import main
+    from speclab.traces.store import write_store
+
+    write_store(tmp_path / "store", _mixed(8))
+    run = tmp_path / "run"
+    main([str(tmp_path / "store"), "--out", str(run / "adaptive"), "--batch-sizes", "1,4", "--kmax", str(K)])
+    assert "per-category static routing" in capsys.readouterr().out
+    row = {"status": "ok", "workload": "mix", "batching": "continuous", "batch_size": 4, "label": "ngram-k3",
+           "speedup": 1.3, "per_category": {"chat": {"num_requests": 2, "output_tokens": 30,
+           "mean_acceptance_length": 1.1, "mean_tokens_per_step": 1.05}}}  # fmt: skip
+    d = ReportData(rows=[row], run_path=run, traces=None, analysis={}, recs=[], figs={})
+    html = "\n".join(section(d))
+    assert 'id="categories"' in html and "per-category static routing" in html and "chat alone" in html
+    assert "ngram-k3" in html and "1.05" in html
+    assert section(ReportData(rows=[], run_path=None, traces=None, analysis={}, recs=[], figs={})) == []

@@ -9,6 +9,7 @@ request with its category):
 - vLLM's batch-size schedule derived from the same traces (recommend.recommend).
 
     python -m speclab.simulate.adaptive.baselines STORE [--cost-model NAME] [--batch-sizes 1,4,16] [--kmax 8]
+        [--out DIR]     # DIR/baselines.json and .md; the report reads RUN/adaptive/baselines.json
 
 Continuous batching, steady state, speclab's rules throughout. Routing needs requests in the simulator's own
 indexing: records with no output under the methods used are dropped first (as simulate() does)."""
@@ -17,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from speclab.atomic import atomic_write_text
 from speclab.errors import ConfigError
 from speclab.policy import Policy, StepView, register_policy
 from speclab.policy.core import _int, _method
@@ -177,11 +180,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cost-model", default="llama3.1-8b-h100-chained")
     ap.add_argument("--batch-sizes", default="1,4,16,64")
     ap.add_argument("--kmax", type=int, default=8)
-    ap.add_argument("--json", action="store_true")
-    a = ap.parse_args(argv)
-    res = hand_baselines(
-        read_store(a.store), a.cost_model, [int(x) for x in a.batch_sizes.split(",")], a.kmax
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    ap.add_argument(
+        "--out", help="also write DIR/baselines.json and DIR/baselines.md (the report reads them)"
     )
+    a = ap.parse_args(argv)
+    sizes = [int(x) for x in a.batch_sizes.split(",")]
+    res = hand_baselines(read_store(a.store), a.cost_model, sizes, a.kmax)
+    res["cost_model"] = a.cost_model
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "baselines.json", json.dumps(res, indent=1, default=str) + "\n")
+        atomic_write_text(out / "baselines.md", markdown(res))
     print(json.dumps(res, indent=1, default=str) if a.json else markdown(res))
 
 
