@@ -78,3 +78,25 @@ def test_the_command_writes_what_the_report_shows(tmp_path, capsys):
     assert 'id="categories"' in html and "per-category static routing" in html and "chat alone" in html
     assert "ngram-k3" in html and "1.05" in html
     assert section(ReportData(rows=[], run_path=None, traces=None, analysis={}, recs=[], figs={})) == []
+
+
+def test_a_run_holds_each_prompt_once_per_cell_and_is_read_once(tmp_path):
+    from speclab.simulate.adaptive.baselines import load_traces
+    from speclab.traces.store import write_store
+
+    recs = []
+    for cell in ("none.mix.cont.b1.x", "ngram-k3.mix.cont.b1.y"):
+        for t in _mixed(4):
+            t.id, t.meta = f"{cell}:{t.id}", {"prompt_id": t.id, "cell_id": cell}
+            recs.append(t)
+    other = _trace(99, "chat")
+    other.workload = "offline-chat"
+    write_store(tmp_path / "run" / "traces", [*recs, other])
+    got = load_traces(tmp_path / "run")
+    assert len(got) == 5 and [t.meta.get("prompt_id") for t in got[:4]] == ["r0", "r1", "r2", "r3"]
+    assert len(load_traces(tmp_path / "run", "mix")) == 4
+    with pytest.raises(ConfigError, match="no records of workload 'nope'"):
+        load_traces(tmp_path / "run", "nope")
+    bare = [RequestTrace(id="a", workload="w", category="chat", prompt_len=3, output_len=4, methods={})]
+    with pytest.raises(ConfigError, match="replay a bench run first"):
+        hand_baselines(bare, CM, [1])

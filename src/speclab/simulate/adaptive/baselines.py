@@ -120,7 +120,10 @@ def hand_baselines(
     schedule (recommend's result, or None)}."""
     methods = set.intersection(*(set(t.methods) for t in traces)) if traces else set()
     if not methods:
-        raise ConfigError("the traces hold no method in common")
+        raise ConfigError(
+            "the traces hold no method in common (replay a bench run first: speclab trace --from RUN "
+            "--methods ngram,eagle3 --out STORE)"
+        )
     lengths = fast.method_lengths(traces, methods)
     traces = [t for t, n in zip(traces, lengths.tolist(), strict=True) if n > 0]
     grid = static_grid(traces, cm, sizes, kmax)
@@ -172,11 +175,31 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
+def load_traces(source: str | Path, workload: str | None = None) -> list[RequestTrace]:
+    """The records of a replayed trace store (`speclab trace --from RUN --methods ngram,eagle3 --out STORE`),
+    or of a directory holding one as traces/: one record per (workload, prompt), the first met (a run holds
+    each prompt once per cell); `workload` keeps that workload's records only."""
     from speclab.traces import read_store
 
+    p = Path(source)
+    if p.is_dir() and (p / "traces").is_dir():
+        p = p / "traces"
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for t in read_store(p):
+        key = (t.workload, str(t.meta.get("prompt_id", t.id)))
+        if (workload is None or t.workload == workload) and key not in seen:
+            seen.add(key)
+            out.append(t)
+    if not out:
+        raise ConfigError(f"{source}: no records" + (f" of workload {workload!r}" if workload else ""))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m speclab.simulate.adaptive.baselines")
-    ap.add_argument("store")
+    ap.add_argument("store", help="a replayed trace store, or a bench RUN whose traces/ were replayed")
+    ap.add_argument("--workload", help="only this workload's records (e.g. the run's mixed workload)")
     ap.add_argument("--cost-model", default="llama3.1-8b-h100-chained")
     ap.add_argument("--batch-sizes", default="1,4,16,64")
     ap.add_argument("--kmax", type=int, default=8)
@@ -186,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     a = ap.parse_args(argv)
     sizes = [int(x) for x in a.batch_sizes.split(",")]
-    res = hand_baselines(read_store(a.store), a.cost_model, sizes, a.kmax)
+    res = hand_baselines(load_traces(a.store, a.workload), a.cost_model, sizes, a.kmax)
     res["cost_model"] = a.cost_model
     if a.out:
         out = Path(a.out)
