@@ -163,7 +163,9 @@ def test_sweep_on_user_files_runs_end_to_end_like_a_built_in(
     builtin_keys = set(by_w["offline-math"][0])
     for w in ("my-prompts", "my-chat", "my-log"):
         assert len(by_w[w]) == 4 and all(r["status"] == "ok" for r in by_w[w])
-        assert all(set(r) == builtin_keys for r in by_w[w]), w  # results identical in shape
+        # results identical in shape; a file whose lines name several categories adds the breakdown
+        extra = {"per_category"} if w == "my-prompts" else set()
+        assert all(set(r) == builtin_keys | extra for r in by_w[w]), w
         assert all(r["lossless"] is True for r in by_w[w] if r["method"] != "none")
     cats = {w: by_w[w][0]["category"] for w in by_w}
     assert cats == {
@@ -172,10 +174,15 @@ def test_sweep_on_user_files_runs_end_to_end_like_a_built_in(
         "my-chat": "other",
         "my-log": "chat",
     }
+    for r in by_w["my-prompts"]:  # one line says math, the others take the table's code-editing
+        split = {c: v["num_requests"] for c, v in r["per_category"].items()}
+        assert split == {"code-editing": 2, "math": 1}
     recs = read_store(tmp_path / "run" / "traces")
     assert {r.workload for r in recs} == set(spec.workloads)
+    assert {r.category for r in recs if r.workload == "my-prompts"} == {"code-editing", "math"}
     table = format_run(tmp_path / "run")
     assert all(w in table for w in spec.workloads)
+    assert "per category" in table and " math " in table
     # the completions request went to the engine as raw text, the chat ones through the template
     job = json.loads(next((tmp_path / "run" / "engines").glob("*/attempt-1/job.json")).read_text())
     texts = {

@@ -149,6 +149,11 @@ def expand_cells(spec: SweepSpec) -> list[Cell]:
     return cells
 
 
+def mix_fingerprint(spec: SweepSpec, w: str) -> dict[str, Any]:
+    """What a mixed workload's cell ids hash: its parts, their shares and each file part's bytes."""
+    return {p: [s, file_fingerprint(p, spec.workload_files)] for p, s in spec.workload_mixes[w].items()}
+
+
 def _cell(
     spec: SweepSpec,
     m: MethodEntry,
@@ -178,6 +183,8 @@ def _cell(
     }
     if fingerprint is not None:  # only for file workloads: built-in cells keep their ids
         common["file_sha256"] = fingerprint
+    if w in spec.workload_mixes:  # only for mixed workloads: other cells keep their ids
+        common["mix"] = mix_fingerprint(spec, w)
     if not st.is_default:  # only for sampled cells: greedy cells keep the ids they always had
         common["sampling"] = st.key()
     bkey = digest(common)

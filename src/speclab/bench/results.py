@@ -236,11 +236,13 @@ def trace_records(
     category: str,
     max_model_len: int | None = None,
     sampling: dict[str, dict[str, Any]] | None = None,
+    categories: dict[str, str] | None = None,
 ) -> list[RequestTrace]:
     """One trace record per request (under replicate: the first copy of each prompt). meta["observed"]
     also records the method's effective options and the engine's max_model_len, for the cross-check;
     meta["sampling"] the request's sampling ({temperature, top_p, top_k, seed}; `sampling`: prompt id -> its
-    PromptSpec.sampling), absent for greedy requests."""
+    PromptSpec.sampling), absent for greedy requests. `categories`: prompt id -> its own category (mixed and
+    file workloads, bench/categories.py); other requests get `category`."""
     records = []
     observed_name = trace_method_name(cell.method.name, cell.method.options)
     options = effective_options(cell.method.name, cell.method.options)
@@ -275,7 +277,7 @@ def trace_records(
             RequestTrace(
                 id=f"{cell.cell_id}:{r.id}",
                 workload=cell.workload,
-                category=category,
+                category=(categories or {}).get(r.id, category),
                 prompt_len=len(pids) if pids is not None else r.prompt_len,
                 output_len=len(r.output_token_ids),
                 methods={},

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from speclab.bench.attempts import Attempt, finished_results, merge_timings
+from speclab.bench.categories import category_breakdown, prompt_categories
 from speclab.bench.cells import Cell, EngineGroup, expand_cells, group_engines
 from speclab.bench.interleave import Interleaver, unit_groups
 from speclab.bench.preflight import PromptSet
@@ -324,11 +325,12 @@ class SweepRunner(RepeatUnits):
             return
         trace_part = None
         sampling, own = self._sampling_of(cell) if res.status == "ok" else ({}, set())
+        cats = prompt_categories(self.spec, cell.workload) if res.status == "ok" else {}
         if res.status == "ok":
             trace_part = write_trace_part(
                 self.run_dir,
                 cell.cell_id,
-                trace_records(cell, res, prompts, category, self.spec.max_model_len, sampling),
+                trace_records(cell, res, prompts, category, self.spec.max_model_len, sampling, cats),
             )
         base_row, base_out = self._baseline_for(cell)
         row = build_row(
@@ -340,6 +342,9 @@ class SweepRunner(RepeatUnits):
             baseline_row=base_row,
             baseline_out=base_out,
         )
+        per_cat = category_breakdown(res, cats, cell.is_baseline)
+        if per_cat is not None:
+            row["per_category"] = per_cat
         if cell.setting.sampling == "as-logged" and res.status == "ok":
             row["requests_own_settings"] = sum(1 for r in res.requests if r.id in own)
         if self.spec.repeats > 1 and res.status == "ok":

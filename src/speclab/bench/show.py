@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from speclab.bench.categories import category_lines
 from speclab.bench.distribution_checks import check_failed, check_lines, merge_checks
 from speclab.bench.expected_acceptance import merge_expected
 from speclab.bench.noise import describe, load_noise
@@ -271,6 +272,9 @@ def format_run(run_dir: str | Path, rows: list[dict[str, Any]] | None = None) ->
     expected = expected_lines(rows)
     if expected:
         parts += ["", *expected]
+    per_cat = category_lines(rows)
+    if per_cat:
+        parts += ["", *per_cat]
     checked = check_lines(rows)
     if checked:
         parts += ["", *checked]

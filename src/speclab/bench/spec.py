@@ -8,6 +8,8 @@ the batch sizes and how a batch is formed, the prompt count, max tokens and seed
     dtype = "float32"
     workloads = ["offline-code-edit", "offline-math"]   # or "file:PATH" (a prompts file / request log),
                                      # or [workloads.NAME] tables instead of this list (below)
+    mix = { offline-code-edit = 0.5, offline-math = 0.5 }   # optional: a mixed workload named "mix"
+                                     # (workloads/mix.py); workloads may then be left out
     batch_sizes = [1, 4, 16]
     batching = "continuous"          # or "replicate", or ["replicate", "continuous"]
     num_prompts = 16
@@ -104,6 +106,7 @@ TOP_KEYS = {
     "repeats",
     "restart_each_repeat",
     "server",
+    "mix",
     *SAMPLING_KEYS,
 }
 ENGINE_KEYS = {"max_model_len", "enforce_eager", "kv_cache_gib", "llm_kwargs", "max_num_seqs"}
@@ -129,6 +132,7 @@ class SweepSpec:
     max_num_seqs: int | None = None  # default: the largest batch size an engine serves
     workload_sources: dict[str, str] = field(default_factory=dict)  # workload -> local data path
     workload_files: dict[str, dict[str, Any]] = field(default_factory=dict)  # [workloads.NAME] with a path
+    workload_mixes: dict[str, dict[str, float]] = field(default_factory=dict)  # mixed workload -> its shares
     description: str = ""
     source: str = ""  # where the spec came from (file path or preset:NAME), for messages
     # times each cell is measured, interleaved with its baseline; not part of cell ids (adding repeats to a
@@ -183,6 +187,7 @@ class SweepSpec:
             },
             "workload_sources": self.workload_sources,
             "workload_files": self.workload_files,
+            "workload_mixes": self.workload_mixes,
             "methods": [m.to_dict() for m in self.methods],
             **({"server": self.server.to_dict()} if self.server is not None else {}),
         }
@@ -302,15 +307,24 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
     dtype = data.get("dtype", "float32")
     if dtype not in DTYPES:
         raise ConfigError(f"{src}: field dtype: {dtype!r} not one of {', '.join(DTYPES)}")
-    if "workloads" not in data:
+    if "workloads" not in data and "mix" not in data:
         raise ConfigError(f"{src}: field workloads: missing")
     files: dict[str, dict[str, Any]] = {}
-    if isinstance(data["workloads"], dict):
+    if "workloads" not in data:  # a top-level mix alone
+        workloads = []
+    elif isinstance(data["workloads"], dict):
         from speclab.workloads.file_workloads import workload_tables
 
         workloads, files = workload_tables(data["workloads"], src)
     else:
         workloads = _str_list(data["workloads"], f"{src}: field workloads")
+    mixes: dict[str, dict[str, float]] = {}
+    tables = data["workloads"] if isinstance(data.get("workloads"), dict) else {}
+    if "mix" in data or any(isinstance(t, dict) and "mix" in t for t in tables.values()):
+        from speclab.workloads.file_workloads import mix_tables
+
+        added, mixes = mix_tables(tables, src, set(files), data.get("mix"))
+        workloads = [*workloads, *(w for w in added if w not in workloads)]
     if "batch_sizes" not in data:
         raise ConfigError(f"{src}: field batch_sizes: missing")
     sizes = _batch_sizes(data["batch_sizes"], f"{src}: field batch_sizes")
@@ -351,6 +365,7 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepSpec:
         **engine,
         workload_sources=dict(sources),
         workload_files=files,
+        workload_mixes=mixes,
         source=source,
         server=server,
         **sampling,

@@ -19,6 +19,7 @@ from speclab.bench.rows import entry_labels
 from speclab.bench.show import contention_note
 from speclab.report import figures as F
 from speclab.report.analysis_sections import acceptance, adaptive, oracle, overlap
+from speclab.report.categories import section as per_category
 from speclab.report.data import ReportData
 from speclab.report.html import esc, figure_or_missing, missing, table
 from speclab.report.recommend import CANNOT_TELL, MARGINAL, headline, stops_paying
@@ -367,6 +368,7 @@ SECTIONS = (
     speedup,
     recommend,
     temperature,
+    per_category,
     time_and_memory,
     acceptance,
     overlap,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from speclab.bench.cells import digest, engine_settings, engine_spec
+from speclab.bench.cells import digest, engine_settings, engine_spec, mix_fingerprint
 from speclab.bench.sampling import Setting, sweep_settings
 from speclab.bench.spec import MethodEntry, SweepSpec
 from speclab.engine.protocol import EngineSpec
@@ -113,6 +113,8 @@ def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
                 }
                 if fp is not None:
                     common["file_sha256"] = fp
+                if w in spec.workload_mixes:
+                    common["mix"] = mix_fingerprint(spec, w)
                 if not st.is_default:  # sampled cells only: greedy cells keep their ids
                     common["sampling"] = st.key()
                 h = digest({"common": common, "method": m.name, "k": m.k, "options": m.options})

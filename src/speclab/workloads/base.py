@@ -13,7 +13,9 @@ from speclab.errors import SpeclabError
 
 # Study categories (mirrors speclab.traces.model.CATEGORIES; kept here so importing workloads stays light).
 CATEGORIES: tuple[str, ...] = ("code-editing", "summarization", "math", "chat", "reasoning", "other")
-KINDS: tuple[str, ...] = ("study", "offline", "file")  # file: a user's prompts file or request log
+KINDS: tuple[str, ...] = ("study", "offline", "file", "mix")  # file: a user's prompts file or request log;
+# mix: several workloads in given proportions (workloads/mix.py)
+OWN_CATEGORIES: tuple[str, ...] = ("file", "mix")  # kinds whose prompts each keep their own category
 
 
 class WorkloadError(SpeclabError):
@@ -53,7 +55,7 @@ class Prompt:
 class WorkloadInfo:
     name: str
     category: str
-    kind: str  # "study" | "offline"
+    kind: str  # one of KINDS
     description: str
     hf_id: str | None = None
     hf_config: str | None = None

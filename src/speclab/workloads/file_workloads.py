@@ -17,12 +17,13 @@ __all__ = [
     "FileWorkload",
     "bench_notes",
     "file_fingerprint",
+    "mix_tables",
     "register_file_workload",
     "resolve_file_name",
     "workload_tables",
 ]
 
-TABLE_KEYS = ("path", "format", "category", "skip_invalid")
+TABLE_KEYS = ("path", "format", "category", "skip_invalid", "mix")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+\-]+$")  # a workload name goes into cell ids
 
 
@@ -38,7 +39,12 @@ def workload_tables(v: dict[str, Any], src: str) -> tuple[list[str], dict[str, d
         if not isinstance(t, dict):
             raise ConfigError(f"{where}: expected a table ({', '.join(TABLE_KEYS)})")
         unknown_fields(t, TABLE_KEYS, where)
-        if t:
+        if "mix" in t:  # a mixed workload: registered by mix_tables once every file table is
+            if len(t) > 1:
+                raise ConfigError(f"{where}: a mix table takes only mix = {{ workload = share, ... }}")
+            if not _NAME_RE.match(name):
+                raise ConfigError(f"{where}: the name may use only letters, digits and . _ + -")
+        elif t:
             if not isinstance(t.get("path"), str) or not t["path"].strip():
                 raise ConfigError(f"{where}: field path: missing (the prompts file or request log)")
             if not _NAME_RE.match(name):
@@ -58,3 +64,29 @@ def workload_tables(v: dict[str, Any], src: str) -> tuple[list[str], dict[str, d
             files[name] = {"path": path, "format": fmt, "category": cat, "skip_invalid": skip}
         names.append(name)
     return names, files
+
+
+def mix_tables(
+    v: dict[str, Any], src: str, known: set[str], top: Any = None
+) -> tuple[list[str], dict[str, dict[str, float]]]:
+    """The sweep's mixed workloads (workloads/mix.py), checked and registered: each [workloads.NAME] table
+    with `mix`, and a top-level `mix` table (registered as "mix"). `known`: the sweep's file workloads, which
+    a mix may name. Returns the names of top-level mixes to add to the workloads, and NAME -> shares."""
+    from speclab.workloads.mix import parse_mix, register_mix
+
+    tables = {n: t["mix"] for n, t in v.items() if isinstance(t, dict) and "mix" in t}
+    added = []
+    if top is not None:
+        if "mix" in tables:
+            raise ConfigError(f"{src}: a top-level mix and [workloads.mix] both name the workload mix")
+        tables["mix"] = top
+        added.append("mix")
+    mixes: dict[str, dict[str, float]] = {}
+    for name, table in tables.items():
+        where = f"{src}: workloads.{name}" if name not in added else src
+        try:
+            mixes[name] = parse_mix(table, where, known)
+            register_mix(name, mixes[name])
+        except SpeclabError as exc:
+            raise ConfigError(str(exc)) from None
+    return added, mixes

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from speclab.workloads.base import CATEGORIES, KINDS, Prompt, WorkloadError, WorkloadInfo
+from speclab.workloads.base import CATEGORIES, KINDS, OWN_CATEGORIES, Prompt, WorkloadError, WorkloadInfo
 from speclab.workloads.files import FILE_PREFIX, FileWorkload
 
 log = logging.getLogger("speclab.workloads")
@@ -151,6 +151,6 @@ def load_workload(
     if len(set(ids)) != len(ids):  # a builder bug, but cheap to catch here
         raise WorkloadError(f"{name}: prompt ids are not unique")
     for p in prompts:
-        if p.category != info.category and info.kind != "file":  # a file's lines may each name one
+        if p.category != info.category and info.kind not in OWN_CATEGORIES:  # a file's lines, a mix's parts
             p.category = info.category
     return prompts
