@@ -4,8 +4,11 @@ The engine worker appends rows, the sweep runner merges every attempt's file int
 cost-model fit reads it. This module sits between them (no heavy imports) so that the engine protocol does
 not depend on the fit and nobody parses the file a second way.
 
-Columns: kind,kv_tokens,batched_tokens,num_spec_tokens,num_requests,seconds. kind is "target" (one target
-forward), "draft:<method>" (one proposer call for the batch) or "overhead" (the rest of the step).
+Columns: kind,kv_tokens,batched_tokens,num_spec_tokens,num_requests,seconds, and optionally a trailing
+temperature. kind is "target" (one target forward), "draft:<method>" (one proposer call for the batch) or
+"overhead" (the rest of the step). temperature: the highest sampling temperature among the requests of the
+cell the step belongs to (0 = every request greedy); empty = not recorded (files written before the column,
+read as greedy; bench.attempts can recover it for a bench run). A file without the column reads as before.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import csv
 import io
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from speclab.errors import ConfigError
 
@@ -32,26 +36,43 @@ COLUMNS: tuple[str, ...] = (
     "num_requests",
     "seconds",
 )
+# optional trailing columns: a file may lack them (every file written before they existed)
+OPTIONAL_COLUMNS: tuple[str, ...] = ("temperature",)
+ALL_COLUMNS = COLUMNS + OPTIONAL_COLUMNS
 
 
 @dataclass(frozen=True)
 class TimingsRow:
     kind: str
     values: tuple[float, ...]  # COLUMNS[1:], an empty field read as 0
-    fields: tuple[str, ...]  # the row as written, so that a merge copies it unchanged
+    fields: tuple[str, ...]  # the row as written (ALL_COLUMNS; "" where absent), so a merge copies it
+    temperature: float = 0.0  # the step's sampling temperature (0: greedy or not recorded)
+
+    @property
+    def sampled(self) -> bool:
+        return self.temperature > 0.0
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the row says which sampling it ran with (its temperature field is not empty)."""
+        return len(self.fields) > len(COLUMNS) and self.fields[len(COLUMNS)] != ""
 
 
 def append_timings(path: str | os.PathLike[str], rows: Iterable[Sequence[object]]) -> None:
-    """Append rows (in COLUMNS order) to a timings CSV, writing the header first if the file is new."""
+    """Append rows (in COLUMNS order, optionally with the temperature after them) to a timings CSV, writing
+    the header first if the file is new (with the temperature column when the first row has it)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     new = not p.exists() or p.stat().st_size == 0
     with open(p, "a", newline="") as f:
         w = csv.writer(f)
+        for r in rows:
+            if new:
+                w.writerow(ALL_COLUMNS if len(r) > len(COLUMNS) else COLUMNS)
+                new = False
+            w.writerow(r)
         if new:
             w.writerow(COLUMNS)
-        for r in rows:
-            w.writerow(r)
         f.flush()
 
 
@@ -81,7 +102,7 @@ def read_timings(path: str | os.PathLike[str], *, strict: bool = True) -> list[T
             raise ConfigError(
                 f"{path}: line 1: missing column(s) {', '.join(missing)} (need {','.join(COLUMNS)})"
             )
-        index = [header.index(c) for c in COLUMNS]
+        index = [header.index(c) if c in header else -1 for c in ALL_COLUMNS]
         for lineno, raw in enumerate(reader, 2):
             if not raw:
                 continue
@@ -96,14 +117,14 @@ def read_timings(path: str | os.PathLike[str], *, strict: bool = True) -> list[T
 def _row(raw: list[str], index: list[int], header: list[str], lineno: int, path: object) -> TimingsRow:
     if len(raw) != len(header):  # a torn or mangled line
         raise ConfigError(f"{path}: line {lineno}: {len(raw)} fields, the header has {len(header)}")
-    fields = [raw[i].strip() for i in index]
+    fields = [raw[i].strip() if i >= 0 else "" for i in index]
     kind = fields[0]
     if kind not in ("target", "overhead") and not kind.startswith("draft:"):
         raise ConfigError(
             f"{path}: line {lineno}: field kind: {kind!r} not target, overhead or draft:<method>"
         )
     vals = []
-    for name, field in zip(COLUMNS[1:], fields[1:], strict=True):
+    for name, field in zip(ALL_COLUMNS[1:], fields[1:], strict=True):
         try:
             v = float(field) if field else 0.0
         except ValueError:
@@ -113,4 +134,11 @@ def _row(raw: list[str], index: list[int], header: list[str], lineno: int, path:
                 f"{path}: line {lineno}: field {name}: must be a finite number in 0..{MAX_VALUE:g}, got {field!r}"
             )
         vals.append(v)
-    return TimingsRow(kind=kind, values=tuple(vals), fields=tuple(fields))
+    n = len(COLUMNS) - 1
+    return TimingsRow(kind=kind, values=tuple(vals[:n]), fields=tuple(fields), temperature=vals[n])
+
+
+def cell_temperature(samplings: Iterable[Mapping[str, Any] | None]) -> float:
+    """The temperature column's value for a cell whose requests have these sampling settings
+    (PromptSpec.sampling; None = greedy): the highest temperature (0 when every request is greedy)."""
+    return max((float((s or {}).get("temperature") or 0.0) for s in samplings), default=0.0)
