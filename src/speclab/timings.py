@@ -45,7 +45,7 @@ ALL_COLUMNS = COLUMNS + OPTIONAL_COLUMNS
 class TimingsRow:
     kind: str
     values: tuple[float, ...]  # COLUMNS[1:], an empty field read as 0
-    fields: tuple[str, ...]  # the row as written (ALL_COLUMNS; "" where absent), so a merge copies it
+    fields: tuple[str, ...]  # the row as written (COLUMNS, and the temperature where the file has it)
     temperature: float = 0.0  # the step's sampling temperature (0: greedy or not recorded)
 
     @property
@@ -135,7 +135,8 @@ def _row(raw: list[str], index: list[int], header: list[str], lineno: int, path:
             )
         vals.append(v)
     n = len(COLUMNS) - 1
-    return TimingsRow(kind=kind, values=tuple(vals[:n]), fields=tuple(fields), temperature=vals[n])
+    kept = fields if index[-1] >= 0 else fields[: len(COLUMNS)]  # as written: no column, no field
+    return TimingsRow(kind=kind, values=tuple(vals[:n]), fields=tuple(kept), temperature=vals[n])
 
 
 def cell_temperature(samplings: Iterable[Mapping[str, Any] | None]) -> float:

@@ -125,7 +125,8 @@ def finished_results(
 def merge_timings(run_dir: Path) -> None:
     """RUN/timings.csv = every attempt's timings, one header, torn or malformed lines dropped, and the
     temperature column recovered where an attempt's file lacks it (attempt_timings)."""
-    lines = [",".join(r.fields) + "\n" for r in run_timings(run_dir)]
+    pad = ("",) * (len(ALL_COLUMNS) - len(COLUMNS))
+    lines = [",".join((*r.fields, *pad)[: len(ALL_COLUMNS)]) + "\n" for r in run_timings(run_dir)]
     if lines or (run_dir / "timings.csv").exists():
         atomic_write_text(run_dir / "timings.csv", ",".join(ALL_COLUMNS) + "\n" + "".join(lines))
 

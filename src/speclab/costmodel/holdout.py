@@ -26,9 +26,11 @@ from speclab.catalog import MODEL_FREE
 from speclab.costmodel.fit import (
     fit_cost_model_report,
     fit_forwards,
-    fit_overhead_linear,
+    OverheadCoef,
+    fit_overhead,
     fit_piecewise,
     forwards_design,
+    has_sampled_mix,
     nonneg_lstsq,
     overhead_design,
 )
@@ -79,7 +81,8 @@ class ProfileFit:
 
 
 def _arr(rows: list[TimingsRow]) -> np.ndarray:
-    return np.asarray([r.values for r in rows], dtype=np.float64).reshape(-1, len(COLUMNS) - 1)
+    """The rows' values and then their temperature (as speclab.costmodel.fit.read_timing_groups)."""
+    return np.asarray([(*r.values, r.temperature) for r in rows], dtype=np.float64).reshape(-1, len(COLUMNS))
 
 
 def draft_time(cost: DraftCost, target: TargetCost, a: np.ndarray) -> np.ndarray:
@@ -172,24 +175,27 @@ def fit_profile(cells: Sequence[TimedCell], name: str, description: str = "") ->
         drafts[method] = dict(forms)[p.form]
         errors += scored
     ov_tr, ov_te, ov_c = split("overhead")
-    ov_forms: list[tuple[str, tuple[float, float, float]]] = [
-        ("mean", (float(ov_tr[:, 4].mean()) if len(ov_tr) else 0.0, 0.0, 0.0))
-    ]
+    ov_forms: list[tuple[str, OverheadCoef]] = [("mean", fit_overhead(ov_tr, "mean", sampled=False))]
     if len(ov_tr) >= 3:
-        ov_forms.append(("linear", fit_overhead_linear(ov_tr)))
+        ov_forms.append(("linear", fit_overhead(ov_tr, "linear", sampled=False)))
+    if len(ov_tr) >= 6 and has_sampled_mix(ov_tr):  # sampled steps cost more (sampler, rejection sampler)
+        ov_forms += [(f"{f}+sampled", fit_overhead(ov_tr, f, sampled=True)) for f in ("mean", "linear")]
     scored = []
     for form, coef in ov_forms:
         m, t, c = _err(overhead_design(ov_te) @ np.array(coef), ov_te[:, 4], ov_c)
         scored.append(FormError("overhead", form, len(ov_tr), len(ov_te), m, t, c))
-    overhead, per_request, per_spec = dict(ov_forms)[_pick(scored).form]
+    ovh = dict(ov_forms)[_pick(scored).form]
     errors += scored
     model = CostModel(
         name=name,
         target=target,
         draft=drafts,
-        overhead_per_step=overhead,
-        overhead_per_request=per_request,
-        overhead_per_spec_token=per_spec,
+        overhead_per_step=ovh[0],
+        overhead_per_request=ovh[1],
+        overhead_per_spec_token=ovh[2],
+        overhead_sampled_per_step=ovh[3],
+        overhead_sampled_per_request=ovh[4],
+        overhead_sampled_per_spec_token=ovh[5],
         description=description or f"profiled by `speclab profile` ({len(cells)} cells)",
         source="speclab profile",
     )
