@@ -14,7 +14,9 @@ read as greedy; bench.attempts can recover it for a bench run). A file without t
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
+import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -143,3 +145,78 @@ def cell_temperature(samplings: Iterable[Mapping[str, Any] | None]) -> float:
     """The temperature column's value for a cell whose requests have these sampling settings
     (PromptSpec.sampling; None = greedy): the highest temperature (0 when every request is greedy)."""
     return max((float((s or {}).get("temperature") or 0.0) for s in samplings), default=0.0)
+
+
+def attempt_timings(ad: str | os.PathLike[str]) -> list[TimingsRow]:
+    """An engine attempt's timings rows (AD/timings.csv, torn or malformed lines dropped), each with its
+    temperature where the file or the attempt's cells say it (recover_temperatures)."""
+    f = Path(ad) / "timings.csv"
+    return recover_temperatures(read_timings(f, strict=False), ad) if f.exists() else []
+
+
+def recover_temperatures(rows: list[TimingsRow], ad: str | os.PathLike[str]) -> list[TimingsRow]:
+    """The timings rows of engine attempt AD (files written before the temperature column) with the
+    temperature recovered from the attempt's cells (AD/cells.jsonl, AD/job.json). The worker appends each
+    ok cell's rows after the cell, in the order of cells.jsonl: per engine step with a forward a "target"
+    row followed by that step's draft and overhead rows (speclab.engine.instrument.StepProfiler.end_step);
+    so the ok cells' `steps`, in order, cut the rows into cells. Where the counts do not match (a step
+    without a forward, a lost append, a torn file) the rows are returned as they are: no guess."""
+    if not rows or all(r.recorded for r in rows):
+        return rows
+    temps = _cell_step_temperatures(Path(ad))
+    starts = [i for i, r in enumerate(rows) if r.kind == "target"]
+    if temps is None or len(temps) != len(starts) or (starts and starts[0] != 0):
+        return rows
+    out: list[TimingsRow] = []
+    for n, a in enumerate(starts):
+        b = starts[n + 1] if n + 1 < len(starts) else len(rows)
+        out += [r if r.recorded else with_temperature(r, temps[n]) for r in rows[a:b]]
+    return out
+
+
+def full_fields(r: TimingsRow) -> tuple[str, ...]:
+    """The row's fields in ALL_COLUMNS order ("" for a column its file lacks): rows of files with and
+    without the temperature column written to one file."""
+    return (*r.fields, *("",) * len(ALL_COLUMNS))[: len(ALL_COLUMNS)]
+
+
+def with_temperature(r: TimingsRow, temperature: float) -> TimingsRow:
+    """The row with its temperature field set."""
+    fields = (*r.fields[: len(COLUMNS)], f"{temperature:g}")
+    return dataclasses.replace(r, fields=fields, temperature=float(temperature))
+
+
+def _cell_step_temperatures(ad: Path) -> list[float] | None:
+    """One temperature per engine step of the attempt's ok cells (cells.jsonl order, `steps` each; a cell's
+    temperature from its prompts' sampling in job.json); None when the files cannot be read. Reads only
+    the fields it needs (cell_id, status, steps), so this module stays free of the engine protocol."""
+    try:
+        lines = (ad / "cells.jsonl").read_text(encoding="utf-8").splitlines()
+        job = json.loads((ad / "job.json").read_text(encoding="utf-8"))
+        temp = {
+            c["cell_id"]: cell_temperature(p.get("sampling") for p in c.get("prompts", []))
+            for c in job.get("cells", [])
+        }
+        out: list[float] = []
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:
+                    break  # a torn last line: that cell's timings were never appended
+                return None
+            if d.get("status") == "ok":
+                out += [temp[d["cell_id"]]] * int(d["steps"])
+        return out
+    except (
+        OSError,
+        UnicodeDecodeError,
+        json.JSONDecodeError,
+        KeyError,
+        TypeError,
+        ValueError,
+        AttributeError,
+    ):
+        return None

@@ -7,7 +7,6 @@ from old attempts: the cells a worker finished that a killed runner never record
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from speclab.bench.preflight import PromptSet
 from speclab.bench.sampling import cell_prompts
 from speclab.engine.protocol import CellResult, CellSpec, Job, read_results, write_job
 from speclab.errors import ConfigError
-from speclab.timings import ALL_COLUMNS, COLUMNS, TimingsRow, cell_temperature, read_timings
+from speclab.timings import ALL_COLUMNS, TimingsRow, attempt_timings, full_fields
 
 
 @dataclass
@@ -125,59 +124,12 @@ def finished_results(
 def merge_timings(run_dir: Path) -> None:
     """RUN/timings.csv = every attempt's timings, one header, torn or malformed lines dropped, and the
     temperature column recovered where an attempt's file lacks it (attempt_timings)."""
-    pad = ("",) * (len(ALL_COLUMNS) - len(COLUMNS))
-    lines = [",".join((*r.fields, *pad)[: len(ALL_COLUMNS)]) + "\n" for r in run_timings(run_dir)]
+    lines = [",".join(full_fields(r)) + "\n" for r in run_timings(run_dir)]
     if lines or (run_dir / "timings.csv").exists():
         atomic_write_text(run_dir / "timings.csv", ",".join(ALL_COLUMNS) + "\n" + "".join(lines))
 
 
 def run_timings(run_dir: Path) -> list[TimingsRow]:
-    """Every attempt's timings rows in merge order, each with its temperature (attempt_timings)."""
+    """Every attempt's timings rows in merge order, each with its temperature where the attempt's file or
+    its cells say it (speclab.timings.attempt_timings)."""
     return [r for ad in attempt_dirs(run_dir) for r in attempt_timings(ad)]
-
-
-def attempt_timings(ad: Path) -> list[TimingsRow]:
-    """An attempt's timings rows (torn or malformed lines dropped). Rows without a temperature (files
-    written before the column) get it recovered from the attempt's cells: the worker appends each ok cell's
-    rows after the cell, in the order of cells.jsonl, one "target" row per engine step with a forward,
-    followed by that step's draft and overhead rows; so the ok cells' `steps`, in order, cut the rows into
-    cells. Where the counts do not match (a step without a forward, a lost append, a torn file) the column
-    stays empty: no guess."""
-    f = ad / "timings.csv"
-    rows = read_timings(f, strict=False) if f.exists() else []
-    if not rows or all(r.recorded for r in rows):
-        return rows
-    temps = _cell_step_temperatures(ad)
-    starts = [i for i, r in enumerate(rows) if r.kind == "target"]
-    if temps is None or len(temps) != len(starts) or (starts and starts[0] != 0):
-        return rows
-    out: list[TimingsRow] = []
-    for n, a in enumerate(starts):
-        b = starts[n + 1] if n + 1 < len(starts) else len(rows)
-        out += [with_temperature(r, temps[n]) if not r.recorded else r for r in rows[a:b]]
-    return out
-
-
-def with_temperature(r: TimingsRow, temperature: float) -> TimingsRow:
-    """The row with its temperature field set."""
-    fields = (*r.fields[: len(COLUMNS)], f"{temperature:g}")
-    return dataclasses.replace(r, fields=fields, temperature=float(temperature))
-
-
-def _cell_step_temperatures(ad: Path) -> list[float] | None:
-    """One temperature per engine step of the attempt's ok cells (cells.jsonl order, `steps` each, the
-    cell's temperature from its prompts in job.json); None when the files cannot be read."""
-    try:
-        results = read_results(ad / "cells.jsonl")
-        job = json.loads((ad / "job.json").read_text())
-        temp = {
-            c["cell_id"]: cell_temperature(p.get("sampling") for p in c.get("prompts", []))
-            for c in job.get("cells", [])
-        }
-        out: list[float] = []
-        for res in results:
-            if res.status == "ok":
-                out += [temp[res.cell_id]] * int(res.steps)
-        return out
-    except (ConfigError, OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
-        return None

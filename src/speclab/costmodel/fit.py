@@ -18,7 +18,7 @@ from speclab.costmodel.forms import PiecewiseTargetCost, TableTargetCost
 from speclab.costmodel.model import _DRAFT_KEYS as DRAFT_KEYS
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
-from speclab.timings import read_timings
+from speclab.timings import read_timings, recover_temperatures
 
 KNEES = (2, 4, 8, 16, 32, 64, 128, 256)  # knees the piecewise target form is fitted at (the best kept)
 TARGET_FORMS = ("linear", "piecewise", "table")
@@ -59,7 +59,8 @@ def read_timing_groups(
     group: dict[str, list[int]] = {}
     files = [f for p in paths for f in timings_files(p)]
     for g, f in enumerate(files):
-        for row in read_timings(f):
+        # an engine attempt's own file: its temperature recovered from the attempt's cells where missing
+        for row in recover_temperatures(read_timings(f), f.parent):
             by_kind.setdefault(row.kind, []).append((*row.values, row.temperature))
             group.setdefault(row.kind, []).append(g)
     rows = {k: np.asarray(v, dtype=np.float64) for k, v in by_kind.items()}

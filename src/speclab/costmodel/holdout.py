@@ -24,9 +24,9 @@ import numpy as np
 
 from speclab.catalog import MODEL_FREE
 from speclab.costmodel.fit import (
+    OverheadCoef,
     fit_cost_model_report,
     fit_forwards,
-    OverheadCoef,
     fit_overhead,
     fit_piecewise,
     forwards_design,
@@ -36,7 +36,7 @@ from speclab.costmodel.fit import (
 )
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
-from speclab.timings import COLUMNS, TimingsRow, append_timings, read_timings
+from speclab.timings import COLUMNS, TimingsRow, append_timings, full_fields, read_timings
 
 HOLDOUT_EVERY = 4  # cells 3, 7, 11, ... (of each profiled engine, or chunks of a timings file) are not fitted
 
@@ -119,7 +119,7 @@ def _err(
 def _fit_linear_forms(rows: list[TimingsRow], draft_form: str) -> tuple[CostModel, list[str]]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "train.csv"
-        append_timings(path, (r.fields for r in rows))
+        append_timings(path, (full_fields(r) for r in rows))
         model, rep = fit_cost_model_report(path, name="profile", draft_form=draft_form)
     return model, rep.notes
 
@@ -220,10 +220,13 @@ def _pick(scored: list[FormError]) -> FormError:
     return best
 
 
-def fit_timings_csv(path: str | Path, name: str, chunk_steps: int = 64) -> ProfileFit:
+def fit_timings_csv(
+    path: str | Path, name: str, chunk_steps: int = 64, rows: list[TimingsRow] | None = None
+) -> ProfileFit:
     """Fit a timings CSV that is not cut into cells (e.g. a bench run's RUN/timings.csv) like a profile:
-    consecutive runs of `chunk_steps` steps stand in for cells, every fourth held out."""
-    rows = read_timings(path)
+    consecutive runs of `chunk_steps` steps stand in for cells, every fourth held out. rows: the file's
+    rows already read (e.g. with their temperature recovered), so the file is only named."""
+    rows = read_timings(path) if rows is None else rows
     cells: list[Chunk] = []
     cur: list[TimingsRow] = []
     steps = 0

@@ -289,7 +289,9 @@ def prefill_charges(
     exactly their share: 0.985x with 4 passes. verify_dec: each step's target forward without its prefills;
     sampled_run: the running sampled requests and their draft tokens per step (0 where None)."""
     s_run, s_spec = sampled_run if sampled_run is not None else (0, 0)
-    dec_o = np.where(nrun > 0, np.asarray(cm.overhead_time(nrun, spec, s_run, s_spec)) * np.ones(len(npre)), 0.0)
+    dec_o = np.where(
+        nrun > 0, np.asarray(cm.overhead_time(nrun, spec, s_run, s_spec)) * np.ones(len(npre)), 0.0
+    )
     return np.where(npre > 0, (verify - verify_dec) + (overhead - dec_o), 0.0)
 
 
