@@ -49,6 +49,9 @@ class TimingsRow:
     values: tuple[float, ...]  # COLUMNS[1:], an empty field read as 0
     fields: tuple[str, ...]  # the row as written (COLUMNS, and the temperature where the file has it)
     temperature: float = 0.0  # the step's sampling temperature (0: greedy or not recorded)
+    # an "overhead" row: its step ran the drafter (a draft:<method> row came between its target row and
+    # it; read_timings sets it from the file's order, speclab.engine.instrument.StepProfiler.end_step)
+    drafted: bool = False
 
     @property
     def sampled(self) -> bool:
@@ -105,14 +108,23 @@ def read_timings(path: str | os.PathLike[str], *, strict: bool = True) -> list[T
                 f"{path}: line 1: missing column(s) {', '.join(missing)} (need {','.join(COLUMNS)})"
             )
         index = [header.index(c) if c in header else -1 for c in ALL_COLUMNS]
+        drafted = False  # the current step (since its target row) has a draft row
         for lineno, raw in enumerate(reader, 2):
             if not raw:
                 continue
             try:
-                out.append(_row(raw, index, header, lineno, path))
+                row = _row(raw, index, header, lineno, path)
             except ConfigError:
                 if strict:
                     raise
+                continue
+            if row.kind == "target":
+                drafted = False
+            elif row.kind != "overhead":
+                drafted = True
+            elif drafted:
+                row = dataclasses.replace(row, drafted=True)
+            out.append(row)
     return out
 
 

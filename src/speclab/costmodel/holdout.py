@@ -81,8 +81,9 @@ class ProfileFit:
 
 
 def _arr(rows: list[TimingsRow]) -> np.ndarray:
-    """The rows' values and then their temperature (as speclab.costmodel.fit.read_timing_groups)."""
-    return np.asarray([(*r.values, r.temperature) for r in rows], dtype=np.float64).reshape(-1, len(COLUMNS))
+    """The rows' values, their temperature and drafted flag (as speclab.costmodel.fit.read_timing_groups)."""
+    a = np.asarray([(*r.values, r.temperature, r.drafted) for r in rows], dtype=np.float64)
+    return a.reshape(-1, len(COLUMNS) + 1)
 
 
 def draft_time(cost: DraftCost, target: TargetCost, a: np.ndarray) -> np.ndarray:
@@ -196,6 +197,7 @@ def fit_profile(cells: Sequence[TimedCell], name: str, description: str = "") ->
         overhead_sampled_per_step=ovh[3],
         overhead_sampled_per_request=ovh[4],
         overhead_sampled_per_spec_token=ovh[5],
+        overhead_sampled_drafter_per_request=ovh[6],
         description=description or f"profiled by `speclab profile` ({len(cells)} cells)",
         source="speclab profile",
     )

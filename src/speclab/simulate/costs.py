@@ -129,12 +129,15 @@ def step_costs(
     # sampled requests (temperature > 0) in each step, and the draft tokens they verify: running ones
     # (s_run, s_spec) and with the step's prefills (s_req); what the sampled overhead terms charge
     s_run = s_req = s_spec = np.zeros(G)
+    drafter = bool(policy.methods)  # an engine with a drafter (its sampled requests cost more)
     if ta.sampled is not None and cm.samples_cost:
         sf = ta.sampled.astype(np.float64)
         s_run = c * np.bincount(keys, weights=sf[st.req], minlength=G)
         s_req = s_run + c * np.bincount(sch.start, weights=sf, minlength=G)
         s_spec = np.bincount(keys, weights=spec_sum * sf[st.req], minlength=G)
-    base_overhead = np.asarray(cm.overhead_time(nreq, spec, s_req, s_spec), dtype=np.float64) * np.ones(G)
+    base_overhead = np.asarray(
+        cm.overhead_time(nreq, spec, s_req, s_spec, drafter), dtype=np.float64
+    ) * np.ones(G)
     overhead = base_overhead.copy()
     if switch_overhead and st.switched.any():
         overhead += switch_overhead * (np.bincount(keys[st.switched], minlength=G) > 0)
@@ -146,7 +149,7 @@ def step_costs(
     if batching == "continuous":
         full_s, full_tokens, busy_s = _steady_window(
             st, ta, cm, sch, keys, end, batch_size, c, step_t, npre, nrun, spec, verify, verify_dec,
-            base_overhead, pre_tok, (s_run, s_spec),
+            base_overhead, pre_tok, (s_run, s_spec, drafter),
         )  # fmt: skip
     return Timing(
         latency=latency,
@@ -240,7 +243,7 @@ def _steady_window(
     verify_dec: np.ndarray,
     base_overhead: np.ndarray,
     pre_tok: np.ndarray,
-    sampled_run: tuple[np.ndarray, np.ndarray] | None = None,
+    sampled_run: tuple[np.ndarray, np.ndarray, bool] | None = None,
 ) -> tuple[float, int, float]:
     """Continuous batching's steady state: the simulated time (each prefill charged over its request's
     tokens), the tokens produced and the plain time of the steps where every slot is busy."""
@@ -273,7 +276,7 @@ def prefill_charges(
     verify: np.ndarray,
     verify_dec: np.ndarray,
     overhead: np.ndarray,
-    sampled_run: tuple[np.ndarray, np.ndarray] | None = None,
+    sampled_run: tuple[np.ndarray, np.ndarray, bool] | None = None,
 ) -> np.ndarray:
     """The steady state's prefill accounting (continuous batching): per step, what its prefills add, the
     target forward and the per-request overhead with them less without them (a step of prefills only: all
@@ -287,11 +290,11 @@ def prefill_charges(
     1 / passes (real math replay, B = 16, CPU model: adaptive-gated 0.966x with 4 passes, 0.985x with
     40; docs/simulator.md). Charging each prefill over its request's tokens, the window's own tokens carry
     exactly their share: 0.985x with 4 passes. verify_dec: each step's target forward without its prefills;
-    sampled_run: the running sampled requests and their draft tokens per step (0 where None)."""
-    s_run, s_spec = sampled_run if sampled_run is not None else (0, 0)
-    dec_o = np.where(
-        nrun > 0, np.asarray(cm.overhead_time(nrun, spec, s_run, s_spec)) * np.ones(len(npre)), 0.0
-    )
+    sampled_run: the running sampled requests and their draft tokens per step, and whether the engine runs
+    a drafter (no sampled request where None)."""
+    s_run, s_spec, drafter = sampled_run if sampled_run is not None else (0, 0, False)
+    dec = np.asarray(cm.overhead_time(nrun, spec, s_run, s_spec, drafter))
+    dec_o = np.where(nrun > 0, dec * np.ones(len(npre)), 0.0)
     return np.where(npre > 0, (verify - verify_dec) + (overhead - dec_o), 0.0)
 
 

@@ -57,6 +57,7 @@ def reference_timing(  # long: mirrors costs.step_costs line by line; split, the
     nprop = {m: (None if ta.nprop[m] is None else ta.nprop[m]) for m in policy.methods}
     prompt = ta.prompt_len.tolist()
     smp = [False] * ta.n if ta.sampled is None or not cm.samples_cost else ta.sampled.tolist()
+    drafter = bool(policy.methods)  # an engine with a drafter (its sampled requests cost more)
     out_len = ta.out_len.tolist()
     off = ta.off.tolist()
     tot = {
@@ -214,7 +215,7 @@ def reference_timing(  # long: mirrors costs.step_costs line by line; split, the
                     draft += sum(cost.kv * kv + cost.const for _ in range(passes)) + cost.num_spec * sum(
                         it[1] for it in items
                     )
-            overhead = float(cm.overhead_time(nreq, spec_tok, s_req, s_spec))
+            overhead = float(cm.overhead_time(nreq, spec_tok, s_req, s_spec, drafter))
             overhead += switch_overhead if switched and switch_overhead else 0.0
             dt = verify + draft + overhead
             tot["verify"] += verify
@@ -224,8 +225,9 @@ def reference_timing(  # long: mirrors costs.step_costs line by line; split, the
             # the steady state charges each prefill over its request's tokens (costs.prefill_charges)
             pcost = 0.0
             if new:
-                dec = verify_dec + (float(cm.overhead_time(nrun, spec_tok, s_run, s_spec)) if nrun else 0.0)
-                pcost = verify + float(cm.overhead_time(nreq, spec_tok, s_req, s_spec)) - dec
+                dec_o = float(cm.overhead_time(nrun, spec_tok, s_run, s_spec, drafter)) if nrun else 0.0
+                dec = verify_dec + dec_o
+                pcost = verify + float(cm.overhead_time(nreq, spec_tok, s_req, s_spec, drafter)) - dec
                 for r in new:
                     r.pre_cost = pcost * (copies * prompt[r.i] / pre if pre > 0 else 1.0 / len(new))
                     admitted.append(r)
