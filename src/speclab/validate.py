@@ -19,7 +19,10 @@ positions, so they are spread evenly between the recorded steps.
 Sampled runs: an SD cell is paired with the baseline cell of the same sampling setting (row fields
 sampling, temperature, top_p, top_k; a row without them is greedy, as is temperature 0), and the summary
 gives the error per setting too. The observed acceptance of a sampled cell is what its draws accepted, so
-it is simulated the same way.
+it is simulated the same way. The simulated records carry their cell's sampling (meta["sampling"]), so a
+cost model's sampled overhead terms are charged for them; the fit from RUN/timings.csv sees which steps
+were sampled through the timings' temperature column, recovered in memory from the engine attempts for
+runs written before it (timings_with_sampling).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ Target forward: the study's linear form (speclab.costmodel.fit, least squares) a
 per-sampled-position term (lm_head; fitted on absolute error). Drafting per
 method: the registered forms that apply (lookup proposers: the study's verify fraction and linear; model
 drafters: linear, chained and forwards). Overhead per step: the mean of the training rows, or linear in the
-scheduled requests and the verified draft tokens. Each kind keeps the form with the lower error on the
+scheduled requests and the verified draft tokens; where the training rows hold sampled and greedy steps
+(the timings' temperature column), each also with the sampled terms (`mean+sampled`, `linear+sampled`:
+speclab.costmodel.fit.fit_overhead). Each kind keeps the form with the lower error on the
 held-out cells (all errors are reported, so the choice is visible).
 Error = mean absolute relative error per row, and the relative error of the summed time (what a
 throughput prediction depends on).
