@@ -187,3 +187,41 @@ def test_backfill_refuses_mismatched_counts(tmp_path: Path, steps: int) -> None:
 def test_cell_temperature() -> None:
     assert cell_temperature([None, {"temperature": 0.7}, {"temperature": 1.0, "top_p": 0.9}]) == 1.0
     assert cell_temperature([None, {}]) == 0.0 and cell_temperature([]) == 0.0
+
+
+def _observed(i: int, sampling: dict | None) -> RequestTrace:
+    meta = {
+        "observed": {"method": "ngram", "k": 3, "per_step_accepted": [2, 1, 3], "per_step_drafted": [3] * 3}
+    }
+    if sampling:
+        meta["sampling"] = sampling
+    return RequestTrace(id=f"r{i}", workload="w", category="c", prompt_len=20, output_len=12, meta=meta)
+
+
+def test_validate_carries_the_sampling_into_the_simulated_records() -> None:
+    from speclab.validate import CellCheck, _predict_sd, _with_sampling
+
+    row = {"cell_id": "c", "k": 3, "sampling": "fixed", "temperature": 0.7, "top_p": 1.0, "top_k": 0}
+    bare = _observed(0, None)
+    assert _with_sampling(bare, row).meta["sampling"]["temperature"] == 0.7  # from the row's fields
+    assert "sampling" not in _with_sampling(bare, {"cell_id": "g", "temperature": 0.0}).meta
+    cm = _with_terms()
+    check = CellCheck("c", "c", "ngram", 3, "w", "continuous", 2, 0, None, None, None, None, None, None, None)
+    greedy = _predict_sd([_observed(i, None) for i in range(2)], cm, row, check)
+    smp = _predict_sd([_observed(i, {"temperature": 0.7}) for i in range(2)], cm, row, check)
+    assert smp[1] == greedy[1] and smp[0] < greedy[0]  # same steps, each costs more: lower throughput
+
+
+def test_validate_recovers_the_column_of_an_old_run(tmp_path: Path) -> None:
+    from speclab.validate import timings_with_sampling
+
+    ad = tmp_path / "engines" / "ngram" / "attempt-1"
+    _attempt(ad, [("a", None, 3, "ok"), ("c", 0.7, 2, "ok")], 5)
+    old = tmp_path / "timings.csv"
+    append_timings(old, [r.fields for r in read_timings(ad / "timings.csv")])  # merged before the column
+    rows, note = timings_with_sampling(tmp_path)
+    assert [r.temperature for r in rows if r.kind == "target"] == [0.0] * 3 + [0.7] * 2
+    assert "recovered" in note and old.read_text().splitlines()[0] == ",".join(COLUMNS)  # file untouched
+    append_timings(old, [["target", 1, 1, 0, 1, 0.5]])  # the file no longer matches the attempts: no guess
+    rows, note = timings_with_sampling(tmp_path)
+    assert not any(r.sampled for r in rows) and "greedy" in note
