@@ -203,10 +203,11 @@ def test_full_sweep_speedup_lossless_traces(tmp_path, fake_env):
     assert ng[0].meta["observed"]["options"] == {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
     assert ng[0].meta["observed"]["max_model_len"] == spec.max_model_len
     assert all("observed" not in r.meta for r in recs if r.meta["cell_id"].startswith("none."))
-    # timings merged with one header
+    # timings merged with one header (and the temperature column, empty where the attempts cannot say:
+    # the fake worker writes its rows once per engine, not per step of its cells)
     lines = (run / "timings.csv").read_text().splitlines()
     assert (
-        lines[0] == "kind,kv_tokens,batched_tokens,num_spec_tokens,num_requests,seconds"
+        lines[0] == "kind,kv_tokens,batched_tokens,num_spec_tokens,num_requests,seconds,temperature"
         and len(lines) == 1 + 10 + 15 + 15
     )
     text_out = format_run(run)

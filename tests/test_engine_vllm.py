@@ -124,3 +124,4 @@ def test_time_split_memory_and_timings_csv(none_run, ngram_run):
         steps = sum(r.steps for r in results.values())
         assert sum(1 for row in rows if row["kind"] == "target") <= steps
         assert all(float(row["seconds"]) >= 0 and int(row["num_requests"]) >= 1 for row in rows)
+        assert all(row["temperature"] == "0" for row in rows)  # every row says its cell's sampling: greedy

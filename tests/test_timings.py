@@ -58,7 +58,8 @@ def test_merge_keeps_good_rows_of_every_attempt_and_drops_a_torn_line(tmp_path: 
     with open(a2 / "timings.csv", "a") as f:
         f.write("target,3,3,0,1,0.")  # a worker killed mid-line
     merge_timings(tmp_path)
+    # the merged file has the temperature column; empty where the attempt cannot say (no cells.jsonl)
     assert (tmp_path / "timings.csv").read_text() == (
-        ",".join(COLUMNS) + "\ntarget,1,1,0,1,0.25\noverhead,2,2,0,1,0.5\n"
+        ",".join(COLUMNS) + ",temperature\ntarget,1,1,0,1,0.25,\noverhead,2,2,0,1,0.5,\n"
     )
     assert [r.kind for r in read_timings(tmp_path / "timings.csv")] == ["target", "overhead"]

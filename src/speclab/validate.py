@@ -19,24 +19,31 @@ positions, so they are spread evenly between the recorded steps.
 Sampled runs: an SD cell is paired with the baseline cell of the same sampling setting (row fields
 sampling, temperature, top_p, top_k; a row without them is greedy, as is temperature 0), and the summary
 gives the error per setting too. The observed acceptance of a sampled cell is what its draws accepted, so
-it is simulated the same way.
+it is simulated the same way. The simulated records carry their cell's sampling (meta["sampling"]), so a
+cost model's sampled overhead terms are charged for them; the fit from RUN/timings.csv sees which steps
+were sampled through the timings' temperature column, recovered in memory from the engine attempts for
+runs written before it (timings_with_sampling).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from speclab.bench.attempts import run_timings
 from speclab.bench.repeats import load_is_contended, row_pressure
 from speclab.bench.rows import baseline_match, entry_labels, read_rows
 from speclab.costmodel import CostModel, fit_cost_model, get_cost_model
 from speclab.costmodel.holdout import fit_timings_csv
 from speclab.errors import SpeclabError
 from speclab.simulate import simulate
+from speclab.timings import TimingsRow, append_timings, full_fields, read_timings
 from speclab.traces import MethodTrace, RequestTrace, read_store
 
 VALIDATION_JSON = "validation.json"
@@ -202,21 +209,42 @@ def _load_cost_model(run: Path, name: str | None, fit: str) -> tuple[CostModel, 
     path = run / "timings.csv"
     if not path.is_file():
         raise SpeclabError(f"{run}: no timings.csv to fit a cost model from; give --cost-model NAME")
+    if fit not in FITS:
+        raise SpeclabError(f"fit {fit!r}: use {' or '.join(FITS)}")
+    rows, how = timings_with_sampling(run)
     if fit == "best":
         # the profile's choice of forms (e.g. piecewise target, linear lookup drafting) on held-out steps
-        model = fit_timings_csv(path, "run-timings").model
+        model = fit_timings_csv(path, "run-timings", rows=rows).model
+        ovh = "linear" if model.overhead_per_request or model.overhead_per_spec_token else "mean"
         forms = ", ".join(
             [getattr(model.target, "form", "linear")]
             + [f"{m} {d.form}" for m, d in model.draft.items()]
-            + [
-                f"overhead {'linear' if model.overhead_per_request or model.overhead_per_spec_token else 'mean'}"
-            ]
+            + [f"overhead {ovh}" + ("+sampled" if model.samples_cost else "")]
         )
-        return model, f"fitted from {path} (best forms on held-out steps: {forms})"
-    if fit != "linear":
-        raise SpeclabError(f"fit {fit!r}: use {' or '.join(FITS)}")
-    model = fit_cost_model(path, name="run-timings")
-    return model, f"fitted from {path} (linear, as `speclab cost-models fit`)"
+        return model, f"fitted from {path}{how} (best forms on held-out steps: {forms})"
+    with tempfile.TemporaryDirectory() as tmp:
+        append_timings(Path(tmp) / "timings.csv", (full_fields(r) for r in rows))
+        model = fit_cost_model(Path(tmp) / "timings.csv", name="run-timings")
+    model.source = str(path)
+    model.description = f"fitted by least squares from {path}"
+    return model, f"fitted from {path}{how} (linear, as `speclab cost-models fit`)"
+
+
+def timings_with_sampling(run: Path) -> tuple[list[TimingsRow], str]:
+    """RUN/timings.csv's rows, with the temperature column where the file lacks it recovered from the
+    run's engine attempts (speclab.timings.recover_temperatures) when those give the same rows; and a note
+    saying so ("" when the file's own rows are used)."""
+    rows = read_timings(run / "timings.csv")
+    if all(r.recorded for r in rows):
+        return rows, ""
+    rec = run_timings(run)
+    same = len(rec) == len(rows) and all(
+        a.kind == b.kind and a.values == b.values for a, b in zip(rec, rows, strict=True)
+    )
+    if not same or not any(r.recorded for r in rec):
+        return rows, " (no sampling recorded: every step read as greedy)"
+    n = sum(1 for r in rec if r.recorded)
+    return rec, f" (sampling of {n} of {len(rec)} rows recovered from the engine attempts)"
 
 
 def validate_run(run: str | Path, cost_model: str | CostModel | None = None, fit: str = "best") -> Validation:
@@ -261,6 +289,7 @@ def validate_run(run: str | Path, cost_model: str | CostModel | None = None, fit
         try:
             recs = _records(run, r)
             check.requests = len(recs)
+            recs = [_with_sampling(x, r) for x in recs]
             if r["method"] == "none":
                 thr, steps, sim_notes = _predict(recs, cm, "none", check.batching, check.batch_size)
             else:
@@ -300,6 +329,17 @@ def validate_run(run: str | Path, cost_model: str | CostModel | None = None, fit
     return val
 
 
+def _with_sampling(rec: RequestTrace, row: dict[str, Any]) -> RequestTrace:
+    """The record with meta["sampling"] where its cell sampled (row fields) and the record does not say
+    so (the simulator charges a sampled request's overhead from it)."""
+    key = sampling_key(row)
+    if key[0] != "fixed" or "sampling" in rec.meta:
+        return rec
+    _, t, top_p, top_k = key
+    meta = {**rec.meta, "sampling": {"temperature": t, "top_p": top_p, "top_k": top_k}}
+    return dataclasses.replace(rec, meta=meta)
+
+
 def _predict_sd(
     recs: list[RequestTrace], cm: CostModel, row: dict[str, Any], check: CellCheck
 ) -> tuple[float, int, list[str]]:
@@ -325,7 +365,7 @@ def _predict_sd(
                 prompt_len=r.prompt_len,
                 output_len=r.output_len,
                 methods={method: mt},
-                meta={},
+                meta={"sampling": r.meta["sampling"]} if "sampling" in r.meta else {},  # sampled overhead
             )  # fmt: skip
         )
     if missing:

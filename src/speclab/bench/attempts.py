@@ -18,7 +18,7 @@ from speclab.bench.preflight import PromptSet
 from speclab.bench.sampling import cell_prompts
 from speclab.engine.protocol import CellResult, CellSpec, Job, read_results, write_job
 from speclab.errors import ConfigError
-from speclab.timings import COLUMNS, read_timings
+from speclab.timings import ALL_COLUMNS, TimingsRow, attempt_timings, full_fields
 
 
 @dataclass
@@ -122,11 +122,14 @@ def finished_results(
 
 
 def merge_timings(run_dir: Path) -> None:
-    """RUN/timings.csv = every attempt's timings, one header, torn or malformed lines dropped."""
-    lines: list[str] = []
-    for ad in attempt_dirs(run_dir):
-        f = ad / "timings.csv"
-        if f.exists():
-            lines += [",".join(r.fields) + "\n" for r in read_timings(f, strict=False)]
+    """RUN/timings.csv = every attempt's timings, one header, torn or malformed lines dropped, and the
+    temperature column recovered where an attempt's file lacks it (attempt_timings)."""
+    lines = [",".join(full_fields(r)) + "\n" for r in run_timings(run_dir)]
     if lines or (run_dir / "timings.csv").exists():
-        atomic_write_text(run_dir / "timings.csv", ",".join(COLUMNS) + "\n" + "".join(lines))
+        atomic_write_text(run_dir / "timings.csv", ",".join(ALL_COLUMNS) + "\n" + "".join(lines))
+
+
+def run_timings(run_dir: Path) -> list[TimingsRow]:
+    """Every attempt's timings rows in merge order, each with its temperature where the attempt's file or
+    its cells say it (speclab.timings.attempt_timings)."""
+    return [r for ad in attempt_dirs(run_dir) for r in attempt_timings(ad)]

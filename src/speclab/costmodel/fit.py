@@ -18,7 +18,7 @@ from speclab.costmodel.forms import PiecewiseTargetCost, TableTargetCost
 from speclab.costmodel.model import _DRAFT_KEYS as DRAFT_KEYS
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
-from speclab.timings import read_timings
+from speclab.timings import read_timings, recover_temperatures
 
 KNEES = (2, 4, 8, 16, 32, 64, 128, 256)  # knees the piecewise target form is fitted at (the best kept)
 TARGET_FORMS = ("linear", "piecewise", "table")
@@ -53,14 +53,15 @@ def timings_files(path: str | os.PathLike[str]) -> list[Path]:
 def read_timing_groups(
     paths: Sequence[str | os.PathLike[str]],
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[str]]:
-    """Rows per kind (columns as TimingsRow.values), each row's group (index of the file it came from) and
-    the files' names."""
+    """Rows per kind (columns as TimingsRow.values, then the temperature and the drafted flag), each row's
+    group (index of the file it came from) and the files' names."""
     by_kind: dict[str, list[tuple[float, ...]]] = {}
     group: dict[str, list[int]] = {}
     files = [f for p in paths for f in timings_files(p)]
     for g, f in enumerate(files):
-        for row in read_timings(f):
-            by_kind.setdefault(row.kind, []).append(row.values)
+        # an engine attempt's own file: its temperature recovered from the attempt's cells where missing
+        for row in recover_temperatures(read_timings(f), f.parent):
+            by_kind.setdefault(row.kind, []).append((*row.values, row.temperature, row.drafted))
             group.setdefault(row.kind, []).append(g)
     rows = {k: np.asarray(v, dtype=np.float64) for k, v in by_kind.items()}
     groups = {k: np.asarray(v, dtype=np.int64) for k, v in group.items()}
@@ -175,16 +176,48 @@ def fit_forwards(rows: np.ndarray, what: str = "draft") -> DraftCost:
     return DraftCost(form="forwards", kv=float(c[0]), batched=float(c[1]), const=float(c[2]))
 
 
+OverheadCoef = tuple[float, float, float, float, float, float, float]
+
+
 def overhead_design(rows: np.ndarray) -> np.ndarray:
-    """The terms of the overhead per step for `overhead` rows: [1, num_requests, num_spec_tokens]."""
-    return np.column_stack([np.ones(len(rows)), rows[:, 3], rows[:, 2]])
+    """The terms of the overhead per step for `overhead` rows: [1, num_requests, num_spec_tokens], the same
+    charged on sampled steps only (temperature > 0, the rows' sixth column where present) and the sampled
+    requests of a step that ran the drafter (seventh column: TimingsRow.drafted)."""
+    s = (rows[:, 5] > 0).astype(np.float64) if rows.shape[1] > 5 else np.zeros(len(rows))
+    d = rows[:, 6] if rows.shape[1] > 6 else np.zeros(len(rows))
+    nr, ns = rows[:, 3], rows[:, 2]
+    return np.column_stack([np.ones(len(rows)), nr, ns, s, s * nr, s * ns, s * d * nr])
+
+
+def has_sampled_mix(rows: np.ndarray) -> bool:
+    """Whether overhead rows hold both sampled and greedy steps: the sampled terms are fitted only then."""
+    if rows.shape[1] <= 5 or not len(rows):
+        return False
+    s = rows[:, 5] > 0
+    return bool(s.any() and not s.all())
+
+
+def fit_overhead(rows: np.ndarray, form: str = "linear", sampled: bool | None = None) -> OverheadCoef:
+    """(per_step, per_request, per_spec_token, sampled_per_step, sampled_per_request,
+    sampled_per_spec_token, sampled_drafter_per_request), non-negative. form "linear": a constant plus a share per scheduled request and
+    per verified draft token (sampling and rejection sampling run over them); "mean": the constant only.
+    sampled (default: where the rows hold sampled and greedy steps, has_sampled_mix): the sampled terms
+    too, charged on sampled steps only; else they are 0."""
+    x = overhead_design(rows)
+    use = [0, 1, 2] if form == "linear" else [0]
+    if has_sampled_mix(rows) if sampled is None else sampled:
+        use += [3, 4, 5, 6]
+    if use == [0]:
+        return (float(rows[:, 4].mean()) if len(rows) else 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    c, _ = _lstsq(x[:, use], rows[:, 4], "overhead")
+    out = np.zeros(7)
+    out[use] = c
+    return tuple(float(v) for v in out)  # type: ignore[return-value]
 
 
 def fit_overhead_linear(rows: np.ndarray) -> tuple[float, float, float]:
-    """(per_step, per_request, per_spec_token): the overhead as a constant plus a share per scheduled
-    request and per verified draft token (sampling and rejection sampling run over them), non-negative."""
-    c, _ = _lstsq(overhead_design(rows), rows[:, 4], "overhead")
-    return float(c[0]), float(c[1]), float(c[2])
+    """(per_step, per_request, per_spec_token): fit_overhead in the linear form, no sampled terms."""
+    return fit_overhead(rows, "linear", sampled=False)[:3]
 
 
 def fit_piecewise(
@@ -306,12 +339,14 @@ def fit_cost_model_report(
         )
     target = _fit_target(data, target_form, table_bins, where, rep)
     drafts = _fit_drafts(data, target, draft_form, rep)
-    overhead = float(data["overhead"][:, 4].mean()) if "overhead" in data else 0.0
-    per_request = per_spec = 0.0
-    if overhead_form == "linear" and "overhead" in data:
-        overhead, per_request, per_spec = fit_overhead_linear(data["overhead"])
+    ovh = fit_overhead(data["overhead"], overhead_form) if "overhead" in data else (0.0,) * 7
     if "overhead" not in data:
         rep.notes.append("no 'overhead' rows: per-step overhead set to 0")
+    elif has_sampled_mix(data["overhead"]):
+        rep.notes.append(
+            f"sampled steps: {int((data['overhead'][:, 5] > 0).sum())} of {len(data['overhead'])} "
+            "overhead rows; sampled overhead terms fitted"
+        )
     zero = [f"target.{k}" for k in ("kv", "batched", "const") if getattr(target, k) == 0]
     if target_form != "linear":
         zero = [z for z in zero if z != "target.batched"]  # 0 below the knee is the weights-bound shape
@@ -328,10 +363,14 @@ def fit_cost_model_report(
         source=where,
         target=target,
         draft=drafts,
-        overhead_per_step=overhead,
+        overhead_per_step=ovh[0],
         switch_overhead=0.0,
-        overhead_per_request=per_request,
-        overhead_per_spec_token=per_spec,
+        overhead_per_request=ovh[1],
+        overhead_per_spec_token=ovh[2],
+        overhead_sampled_per_step=ovh[3],
+        overhead_sampled_per_request=ovh[4],
+        overhead_sampled_per_spec_token=ovh[5],
+        overhead_sampled_drafter_per_request=ovh[6],
     )
     return model.validate(f"cost model fitted from {where}"), rep
 

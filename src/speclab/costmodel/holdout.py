@@ -6,7 +6,9 @@ Target forward: the study's linear form (speclab.costmodel.fit, least squares) a
 per-sampled-position term (lm_head; fitted on absolute error). Drafting per
 method: the registered forms that apply (lookup proposers: the study's verify fraction and linear; model
 drafters: linear, chained and forwards). Overhead per step: the mean of the training rows, or linear in the
-scheduled requests and the verified draft tokens. Each kind keeps the form with the lower error on the
+scheduled requests and the verified draft tokens; where the training rows hold sampled and greedy steps
+(the timings' temperature column), each also with the sampled terms (`mean+sampled`, `linear+sampled`:
+speclab.costmodel.fit.fit_overhead). Each kind keeps the form with the lower error on the
 held-out cells (all errors are reported, so the choice is visible).
 Error = mean absolute relative error per row, and the relative error of the summed time (what a
 throughput prediction depends on).
@@ -24,17 +26,19 @@ import numpy as np
 
 from speclab.catalog import MODEL_FREE
 from speclab.costmodel.fit import (
+    OverheadCoef,
     fit_cost_model_report,
     fit_forwards,
-    fit_overhead_linear,
+    fit_overhead,
     fit_piecewise,
     forwards_design,
+    has_sampled_mix,
     nonneg_lstsq,
     overhead_design,
 )
 from speclab.costmodel.model import CostModel, DraftCost, TargetCost
 from speclab.errors import ConfigError
-from speclab.timings import COLUMNS, TimingsRow, append_timings, read_timings
+from speclab.timings import COLUMNS, TimingsRow, append_timings, full_fields, read_timings
 
 HOLDOUT_EVERY = 4  # cells 3, 7, 11, ... (of each profiled engine, or chunks of a timings file) are not fitted
 
@@ -79,7 +83,9 @@ class ProfileFit:
 
 
 def _arr(rows: list[TimingsRow]) -> np.ndarray:
-    return np.asarray([r.values for r in rows], dtype=np.float64).reshape(-1, len(COLUMNS) - 1)
+    """The rows' values, their temperature and drafted flag (as speclab.costmodel.fit.read_timing_groups)."""
+    a = np.asarray([(*r.values, r.temperature, r.drafted) for r in rows], dtype=np.float64)
+    return a.reshape(-1, len(COLUMNS) + 1)
 
 
 def draft_time(cost: DraftCost, target: TargetCost, a: np.ndarray) -> np.ndarray:
@@ -116,7 +122,7 @@ def _err(
 def _fit_linear_forms(rows: list[TimingsRow], draft_form: str) -> tuple[CostModel, list[str]]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "train.csv"
-        append_timings(path, (r.fields for r in rows))
+        append_timings(path, (full_fields(r) for r in rows))
         model, rep = fit_cost_model_report(path, name="profile", draft_form=draft_form)
     return model, rep.notes
 
@@ -172,24 +178,28 @@ def fit_profile(cells: Sequence[TimedCell], name: str, description: str = "") ->
         drafts[method] = dict(forms)[p.form]
         errors += scored
     ov_tr, ov_te, ov_c = split("overhead")
-    ov_forms: list[tuple[str, tuple[float, float, float]]] = [
-        ("mean", (float(ov_tr[:, 4].mean()) if len(ov_tr) else 0.0, 0.0, 0.0))
-    ]
+    ov_forms: list[tuple[str, OverheadCoef]] = [("mean", fit_overhead(ov_tr, "mean", sampled=False))]
     if len(ov_tr) >= 3:
-        ov_forms.append(("linear", fit_overhead_linear(ov_tr)))
+        ov_forms.append(("linear", fit_overhead(ov_tr, "linear", sampled=False)))
+    if len(ov_tr) >= 6 and has_sampled_mix(ov_tr):  # sampled steps cost more (sampler, rejection sampler)
+        ov_forms += [(f"{f}+sampled", fit_overhead(ov_tr, f, sampled=True)) for f in ("mean", "linear")]
     scored = []
     for form, coef in ov_forms:
         m, t, c = _err(overhead_design(ov_te) @ np.array(coef), ov_te[:, 4], ov_c)
         scored.append(FormError("overhead", form, len(ov_tr), len(ov_te), m, t, c))
-    overhead, per_request, per_spec = dict(ov_forms)[_pick(scored).form]
+    ovh = dict(ov_forms)[_pick(scored).form]
     errors += scored
     model = CostModel(
         name=name,
         target=target,
         draft=drafts,
-        overhead_per_step=overhead,
-        overhead_per_request=per_request,
-        overhead_per_spec_token=per_spec,
+        overhead_per_step=ovh[0],
+        overhead_per_request=ovh[1],
+        overhead_per_spec_token=ovh[2],
+        overhead_sampled_per_step=ovh[3],
+        overhead_sampled_per_request=ovh[4],
+        overhead_sampled_per_spec_token=ovh[5],
+        overhead_sampled_drafter_per_request=ovh[6],
         description=description or f"profiled by `speclab profile` ({len(cells)} cells)",
         source="speclab profile",
     )
@@ -214,10 +224,13 @@ def _pick(scored: list[FormError]) -> FormError:
     return best
 
 
-def fit_timings_csv(path: str | Path, name: str, chunk_steps: int = 64) -> ProfileFit:
+def fit_timings_csv(
+    path: str | Path, name: str, chunk_steps: int = 64, rows: list[TimingsRow] | None = None
+) -> ProfileFit:
     """Fit a timings CSV that is not cut into cells (e.g. a bench run's RUN/timings.csv) like a profile:
-    consecutive runs of `chunk_steps` steps stand in for cells, every fourth held out."""
-    rows = read_timings(path)
+    consecutive runs of `chunk_steps` steps stand in for cells, every fourth held out. rows: the file's
+    rows already read (e.g. with their temperature recovered), so the file is only named."""
+    rows = read_timings(path) if rows is None else rows
     cells: list[Chunk] = []
     cur: list[TimingsRow] = []
     steps = 0

@@ -5,13 +5,19 @@ The form is the study's linear model (arXiv 2601.11580):
 - drafting, per method, in one of three forms (see DraftCost)
 - an overhead per engine step: a constant, optionally plus a share per scheduled request and per draft token
   verified (sampling and rejection sampling run over those), and an optional overhead for a step in which some
-  request switches method.
+  request switches method; plus, charged only for sampled requests (temperature > 0), a constant for a step
+  with any sampled request, shares per sampled request and per draft token of a sampled request (vLLM's
+  temperature / top-k / top-p work and the random rejection sampler run there; greedy steps skip them), and
+  a further share per sampled request in an engine that runs a drafter (on CPU, a sampled request costs
+  far more per step with speculative decoding configured, also at steps that verify no drafts).
 
 TOML schema (checked on load, and by `CostModel.validate` for fitted or hand-built models):
   name, description, source: strings (optional)
   [target]    kv, batched, const: required
   [overhead]  per_step: required (a missing [overhead] is an error, not 0: state 0 if you mean it);
               per_request, per_spec_token, switch: optional, default 0
+              sampled_per_step, sampled_per_request, sampled_per_spec_token,
+              sampled_drafter_per_request: optional, default 0
   [draft.M]   form = "linear" | "chained": const required, kv and num_spec default 0;
               form = "forwards": const required, kv and batched default 0;
               form = "verify_fraction": fraction required
@@ -43,7 +49,17 @@ _OVERHEAD_KEYS: dict[str, Any] = {
     "switch": 0.0,
     "per_request": 0.0,
     "per_spec_token": 0.0,
+    "sampled_per_step": 0.0,
+    "sampled_per_request": 0.0,
+    "sampled_per_spec_token": 0.0,
+    "sampled_drafter_per_request": 0.0,
 }
+SAMPLED_KEYS = (
+    "sampled_per_step",
+    "sampled_per_request",
+    "sampled_per_spec_token",
+    "sampled_drafter_per_request",
+)
 _DRAFT_KEYS: dict[str, dict[str, Any]] = {
     "linear": {"kv": 0.0, "num_spec": 0.0, "const": _REQUIRED},
     "chained": {"kv": 0.0, "num_spec": 0.0, "const": _REQUIRED},
@@ -94,6 +110,11 @@ class CostModel:
     # the overhead's shares per scheduled request and per verified draft token (0: a constant per step)
     overhead_per_request: float = 0.0
     overhead_per_spec_token: float = 0.0
+    # charged only for sampled requests: per step with any, per sampled request, per its draft tokens
+    overhead_sampled_per_step: float = 0.0
+    overhead_sampled_per_request: float = 0.0
+    overhead_sampled_per_spec_token: float = 0.0
+    overhead_sampled_drafter_per_request: float = 0.0  # per sampled request, engines with a drafter only
     source: str = ""
     path: str | None = None
 
@@ -110,14 +131,50 @@ class CostModel:
         them (forms that charge the lm_head per sampled position use it)."""
         return self.target.time(kv_tokens, batched_tokens, sampled_positions)
 
-    def overhead_time(self, num_requests: Any, spec_tokens: Any) -> Any:
+    def overhead_time(
+        self,
+        num_requests: Any,
+        spec_tokens: Any,
+        sampled_requests: Any = 0,
+        sampled_spec_tokens: Any = 0,
+        drafter: bool = False,
+    ) -> Any:
         """The per-step overhead (everything but the target forward and drafting) of a step that schedules
-        num_requests requests and verifies spec_tokens draft tokens."""
-        return (
+        num_requests requests and verifies spec_tokens draft tokens, of which sampled_requests requests
+        sample (temperature > 0) and verify sampled_spec_tokens of those draft tokens; drafter: the engine
+        runs a drafter (speculative decoding configured)."""
+        out = (
             self.overhead_per_step
             + self.overhead_per_request * num_requests
             + self.overhead_per_spec_token * spec_tokens
         )
+        if self.samples_cost:
+            out = out + self.sampled_overhead(sampled_requests, sampled_spec_tokens, drafter)
+        return out
+
+    @property
+    def samples_cost(self) -> bool:
+        """Whether sampled requests cost more overhead than greedy ones."""
+        return bool(
+            self.overhead_sampled_per_step
+            or self.overhead_sampled_per_request
+            or self.overhead_sampled_per_spec_token
+            or self.overhead_sampled_drafter_per_request
+        )
+
+    def sampled_overhead(self, sampled_requests: Any, sampled_spec_tokens: Any, drafter: Any = False) -> Any:
+        """The overhead sampled requests add to a step (0 for a step without one); drafter: the engine runs
+        a drafter (a bool, or one per step)."""
+        sr = np.asarray(sampled_requests, dtype=np.float64)
+        per_req = self.overhead_sampled_per_request + self.overhead_sampled_drafter_per_request * np.asarray(
+            drafter, dtype=np.float64
+        )
+        out = (
+            self.overhead_sampled_per_step * (sr > 0)
+            + per_req * sr
+            + self.overhead_sampled_per_spec_token * np.asarray(sampled_spec_tokens, dtype=np.float64)
+        )
+        return out if np.ndim(out) else float(out)
 
     def validate(self, where: str = "") -> CostModel:
         """Raise ConfigError unless every coefficient is usable (see the module docstring); returns self."""
@@ -133,6 +190,8 @@ class CostModel:
         _check_coef(self.switch_overhead, f"{where}: field overhead.switch")
         _check_coef(self.overhead_per_request, f"{where}: field overhead.per_request")
         _check_coef(self.overhead_per_spec_token, f"{where}: field overhead.per_spec_token")
+        for k in SAMPLED_KEYS:
+            _check_coef(getattr(self, f"overhead_{k}"), f"{where}: field overhead.{k}")
         for m, d in self.draft.items():
             for k in _DRAFT_KEYS[d.form]:
                 top = MAX_FRACTION if k == "fraction" else MAX_COEF
@@ -161,6 +220,8 @@ class CostModel:
                 f"per_request = {_f(self.overhead_per_request)}",
                 f"per_spec_token = {_f(self.overhead_per_spec_token)}",
             ]
+        if self.samples_cost:  # else as written before these existed
+            lines += [f"{k} = {_f(getattr(self, f'overhead_{k}'))}" for k in SAMPLED_KEYS]
         for m, d in self.draft.items():
             lines += ["", f"[draft.{_key(m)}]", f"form = {_q(d.form)}"]
             if d.form == "verify_fraction":
@@ -223,6 +284,7 @@ class CostModel:
             switch_overhead=ovh["switch"],
             overhead_per_request=ovh["per_request"],
             overhead_per_spec_token=ovh["per_spec_token"],
+            **{f"overhead_{k}": ovh[k] for k in SAMPLED_KEYS},
         ).validate(where)
 
 

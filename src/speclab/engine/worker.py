@@ -55,7 +55,7 @@ from speclab.engine.protocol import (
 )
 from speclab.engine.settings import llm_kwargs, resolve_paths
 from speclab.errors import SpeclabError
-from speclab.timings import append_timings
+from speclab.timings import append_timings, cell_temperature
 
 # engine steps in a row without a new token or a finished request before drive() gives up
 MAX_IDLE_STEPS = 10_000
@@ -392,7 +392,8 @@ def _run_one(engine: Engine, cell: CellSpec, job: Job, out: str) -> None:
     append_result(out, res)
     if res.status == "ok" and job.timings_csv:
         try:
-            append_timings(job.timings_csv, (r.as_list() for r in engine.profiler.rows))
+            temp = f"{cell_temperature(p.sampling for p in cell.prompts):g}"  # the timings' last column
+            append_timings(job.timings_csv, ([*r.as_list(), temp] for r in engine.profiler.rows))
         except OSError as exc:
             print(f"speclab worker: cannot append timings: {exc}", file=sys.stderr)
     print(

@@ -126,7 +126,18 @@ def step_costs(
     elif policy.methods:
         draft = _draft_charges(st, policy, ta, cm, keys, G, sch.start, spec_max, spec_sum, lookup_base, kv, vt,
                                nreq, draft_kv)  # fmt: skip
-    base_overhead = np.asarray(cm.overhead_time(nreq, spec), dtype=np.float64) * np.ones(G)
+    # sampled requests (temperature > 0) in each step, and the draft tokens they verify: running ones
+    # (s_run, s_spec) and with the step's prefills (s_req); what the sampled overhead terms charge
+    s_run = s_req = s_spec = np.zeros(G)
+    drafter = bool(policy.methods)  # an engine with a drafter (its sampled requests cost more)
+    if ta.sampled is not None and cm.samples_cost:
+        sf = ta.sampled.astype(np.float64)
+        s_run = c * np.bincount(keys, weights=sf[st.req], minlength=G)
+        s_req = s_run + c * np.bincount(sch.start, weights=sf, minlength=G)
+        s_spec = np.bincount(keys, weights=spec_sum * sf[st.req], minlength=G)
+    base_overhead = np.asarray(
+        cm.overhead_time(nreq, spec, s_req, s_spec, drafter), dtype=np.float64
+    ) * np.ones(G)
     overhead = base_overhead.copy()
     if switch_overhead and st.switched.any():
         overhead += switch_overhead * (np.bincount(keys[st.switched], minlength=G) > 0)
@@ -138,7 +149,7 @@ def step_costs(
     if batching == "continuous":
         full_s, full_tokens, busy_s = _steady_window(
             st, ta, cm, sch, keys, end, batch_size, c, step_t, npre, nrun, spec, verify, verify_dec,
-            base_overhead, pre_tok,
+            base_overhead, pre_tok, (s_run, s_spec, drafter),
         )  # fmt: skip
     return Timing(
         latency=latency,
@@ -232,6 +243,7 @@ def _steady_window(
     verify_dec: np.ndarray,
     base_overhead: np.ndarray,
     pre_tok: np.ndarray,
+    sampled_run: tuple[np.ndarray, np.ndarray, bool] | None = None,
 ) -> tuple[float, int, float]:
     """Continuous batching's steady state: the simulated time (each prefill charged over its request's
     tokens), the tokens produced and the plain time of the steps where every slot is busy."""
@@ -246,7 +258,7 @@ def _steady_window(
     busy_s = float(step_t[full].sum())
     # each request's prefill is charged over its output tokens (prefill_charges): the window cuts through
     # the requests in progress at its end, whose prefills it holds but not all their tokens
-    pcost = prefill_charges(cm, npre, nrun, spec, verify, verify_dec, base_overhead)
+    pcost = prefill_charges(cm, npre, nrun, spec, verify, verify_dec, base_overhead, sampled_run)
     # each request's share of its prefill step's charge: by prompt tokens (evenly where they are 0)
     own = pre_tok[sch.start]
     share = np.where(own > 0, c * ta.prompt_len / np.maximum(own, 1), 1.0 / npre[sch.start])
@@ -264,6 +276,7 @@ def prefill_charges(
     verify: np.ndarray,
     verify_dec: np.ndarray,
     overhead: np.ndarray,
+    sampled_run: tuple[np.ndarray, np.ndarray, bool] | None = None,
 ) -> np.ndarray:
     """The steady state's prefill accounting (continuous batching): per step, what its prefills add, the
     target forward and the per-request overhead with them less without them (a step of prefills only: all
@@ -276,8 +289,12 @@ def prefill_charges(
     about B / 2 prefills too many for its tokens: a bias against every SD policy that shrinks only as
     1 / passes (real math replay, B = 16, CPU model: adaptive-gated 0.966x with 4 passes, 0.985x with
     40; docs/simulator.md). Charging each prefill over its request's tokens, the window's own tokens carry
-    exactly their share: 0.985x with 4 passes. verify_dec: each step's target forward without its prefills."""
-    dec_o = np.where(nrun > 0, np.asarray(cm.overhead_time(nrun, spec)) * np.ones(len(npre)), 0.0)
+    exactly their share: 0.985x with 4 passes. verify_dec: each step's target forward without its prefills;
+    sampled_run: the running sampled requests and their draft tokens per step, and whether the engine runs
+    a drafter (no sampled request where None)."""
+    s_run, s_spec, drafter = sampled_run if sampled_run is not None else (0, 0, False)
+    dec = np.asarray(cm.overhead_time(nrun, spec, s_run, s_spec, drafter))
+    dec_o = np.where(nrun > 0, dec * np.ones(len(npre)), 0.0)
     return np.where(npre > 0, (verify - verify_dec) + (overhead - dec_o), 0.0)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from speclab.costmodel.model import CostModel
 from speclab.errors import ConfigError, TraceError
 from speclab.policy.core import Policy, PolicyContext, StepOutcome, StepView
+from speclab.simulate.sampled import is_sampled
 from speclab.traces.model import RequestTrace
 
 BATCHING_MODES = ("replicate", "static", "continuous")
@@ -50,6 +51,7 @@ class TraceArrays:
     nprop: dict[str, np.ndarray | None]
     k_max: dict[str, int]
     notes: list[str] = field(default_factory=list)
+    sampled: np.ndarray | None = None  # per request: sampled (temperature > 0), sampled.is_sampled
 
     @property
     def n(self) -> int:
@@ -124,6 +126,7 @@ def prepare(traces: list[RequestTrace], methods: set[str], shift: bool = False) 
         nprop=nprop,
         k_max=k_max,
         notes=notes,
+        sampled=np.array([is_sampled(t) for t in kept], dtype=bool),
     )
 
 
@@ -379,7 +382,8 @@ def repeat_requests(ta: TraceArrays, st: StepTable | None, passes: int) -> tuple
     off = np.zeros(len(out_len) + 1, dtype=np.int64)
     np.cumsum(out_len, out=off[1:])
     tx = replace(ta, ids=ta.ids * passes, workloads=ta.workloads * passes,
-                 prompt_len=np.tile(ta.prompt_len, passes), out_len=out_len, off=off)  # fmt: skip
+                 prompt_len=np.tile(ta.prompt_len, passes), out_len=out_len, off=off,
+                 sampled=None if ta.sampled is None else np.tile(ta.sampled, passes))  # fmt: skip
     if st is None:
         return tx, st  # type: ignore[return-value]
     rep = np.repeat(np.arange(passes), len(st.req)) * n

@@ -56,6 +56,8 @@ def reference_timing(  # long: mirrors costs.step_costs line by line; split, the
     acc = {m: ta.acc[m].tolist() for m in policy.methods}
     nprop = {m: (None if ta.nprop[m] is None else ta.nprop[m]) for m in policy.methods}
     prompt = ta.prompt_len.tolist()
+    smp = [False] * ta.n if ta.sampled is None or not cm.samples_cost else ta.sampled.tolist()
+    drafter = bool(policy.methods)  # an engine with a drafter (its sampled requests cost more)
     out_len = ta.out_len.tolist()
     off = ta.off.tolist()
     tot = {
@@ -123,6 +125,7 @@ def reference_timing(  # long: mirrors costs.step_costs line by line; split, the
             kv = 0
             vtok = 0
             spec_tok = 0  # draft tokens verified in this step
+            s_spec = 0  # of them, those of sampled requests (temperature > 0)
             switched = False
             per_method: dict[str, list[tuple[int, int, int]]] = {}  # method -> [(spec, spec*copies, own kv)]
             prod_raw_l = []
@@ -138,6 +141,7 @@ def reference_timing(  # long: mirrors costs.step_costs line by line; split, the
                     matched = int(draws[off[r.i] + r.pos])  # copies whose n-gram lookup found a match
                 vtok += (copies - matched) + matched * (kk + 1)
                 spec_tok += matched * kk
+                s_spec += matched * kk if smp[r.i] else 0
                 matched_l.append(matched)
                 if m >= 0:
                     name = policy.charge_as or policy.methods[m]
@@ -156,6 +160,8 @@ def reference_timing(  # long: mirrors costs.step_costs line by line; split, the
             for r in new:
                 vtok += copies * prompt[r.i]
             nreq = copies * (len(running) + len(new))
+            s_run = copies * sum(smp[r.i] for r in running)  # sampled requests, for the overhead
+            s_req = s_run + copies * sum(smp[r.i] for r in new)
             verify = cm.target_time(kv, vtok, nreq + spec_tok)
             # the forward without this step's prefills: a lookup's charge and the steady state's prefill
             # charges (costs.step_costs)
@@ -209,7 +215,7 @@ def reference_timing(  # long: mirrors costs.step_costs line by line; split, the
                     draft += sum(cost.kv * kv + cost.const for _ in range(passes)) + cost.num_spec * sum(
                         it[1] for it in items
                     )
-            overhead = float(cm.overhead_time(nreq, spec_tok))
+            overhead = float(cm.overhead_time(nreq, spec_tok, s_req, s_spec, drafter))
             overhead += switch_overhead if switched and switch_overhead else 0.0
             dt = verify + draft + overhead
             tot["verify"] += verify
@@ -219,8 +225,9 @@ def reference_timing(  # long: mirrors costs.step_costs line by line; split, the
             # the steady state charges each prefill over its request's tokens (costs.prefill_charges)
             pcost = 0.0
             if new:
-                dec = verify_dec + (float(cm.overhead_time(nrun, spec_tok)) if nrun else 0.0)
-                pcost = verify + float(cm.overhead_time(nreq, spec_tok)) - dec
+                dec_o = float(cm.overhead_time(nrun, spec_tok, s_run, s_spec, drafter)) if nrun else 0.0
+                dec = verify_dec + dec_o
+                pcost = verify + float(cm.overhead_time(nreq, spec_tok, s_req, s_spec, drafter)) - dec
                 for r in new:
                     r.pre_cost = pcost * (copies * prompt[r.i] / pre if pre > 0 else 1.0 / len(new))
                     admitted.append(r)

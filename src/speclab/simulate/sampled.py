@@ -35,6 +35,15 @@ def has_accept_prob(traces: list[RequestTrace], methods: set[str] | None = None)
     )
 
 
+def is_sampled(t: RequestTrace) -> bool:
+    """Whether a request samples (temperature > 0): its meta["sampling"] says so, or a method trace holds
+    sampled acceptance (accept_prob); the cost model's sampled overhead is charged for it."""
+    s = t.meta.get("sampling") if isinstance(t.meta, dict) else None
+    if isinstance(s, dict) and float(s.get("temperature") or 0.0) > 0.0:
+        return True
+    return any(mt.accept_prob is not None for mt in t.methods.values())
+
+
 def draw_acc_len(accept_prob: np.ndarray, u: np.ndarray) -> np.ndarray:
     """acc_len per position: 1 + the leading drafts whose uniform falls below their acceptance probability."""
     return (1 + np.cumprod(u < accept_prob, axis=1).sum(axis=1)).astype(np.int32)
