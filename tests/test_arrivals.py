@@ -1,0 +1,145 @@
+"""Logged arrivals: the schedule, the prompts file, and a replay through vLLM's own load generator against a
+tiny local HTTP server that records when each request arrives and the max_tokens it asks for."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from speclab.errors import ConfigError, SpeclabError
+from speclab.server.arrivals import parse_arrivals, schedule
+from speclab.server.loadgen import read_prompts, write_prompts
+from speclab.workloads.arrivals import pattern, pattern_lines
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+def test_parse_arrivals():
+    assert not parse_arrivals(None).logged
+    assert parse_arrivals("logged").speed == 1.0
+    a = parse_arrivals("logged:2.5")
+    assert a.logged and a.speed == 2.5 and a.label() == "logged:2.5"
+    for bad in ("logged:0", "logged:x", "gamma", "logged:-1"):
+        with pytest.raises(ConfigError):
+            parse_arrivals(bad)
+
+
+def test_schedule_orders_scales_and_needs_every_time():
+    order, offs = schedule([10.0, 9.0, 12.0, 9.0], speed=2.0)
+    assert order == [1, 3, 0, 2]
+    assert offs == [0.0, 0.0, 0.5, 1.5]
+    with pytest.raises(ConfigError, match="1 of 2"):
+        schedule([1.0, None])
+
+
+def test_pattern_rate_and_burstiness():
+    even = pattern([float(i) for i in range(13)], bins=4)
+    assert even is not None and even["gap_cv"] == pytest.approx(0.0)
+    assert even["rate_per_s"] == pytest.approx(1.0) and sum(even["per_bin"]) == 13
+    bursty = pattern([0, 0.01, 0.02, 0.03, 10, 10.01, 10.02, 10.03], bins=4)
+    assert bursty is not None and bursty["gap_cv"] > 1.3 and bursty["per_bin"] == [4, 0, 0, 4]
+    assert bursty["peak_to_mean"] == pytest.approx(2.0)
+    text = "\n".join(pattern_lines(bursty))
+    assert "bursty" in text and "4 0 0 4" in text
+    assert pattern([1.0]) is None
+
+
+def test_prompts_file_carries_arrivals_and_own_max_tokens(tmp_path: Path):
+    p = tmp_path / "p.jsonl"
+    write_prompts(p, [("a", [1, 2]), ("b", [3])], 32, arrival_s=[0.0, 0.25], own_max_tokens=[7, None])
+    got = read_prompts(p)
+    assert [(x["max_tokens"], x["arrival_s"]) for x in got] == [(7, 0.0), (32, 0.25)]
+    lines = p.read_text().splitlines()
+    del_one = json.loads(lines[1])
+    del del_one["arrival_s"]
+    p.write_text(lines[0] + "\n" + json.dumps(del_one) + "\n")
+    with pytest.raises(SpeclabError, match="all or none"):
+        read_prompts(p)
+
+
+# --- a replay against a local server ------------------------------------------------------------------------
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # a burst must not wait in the listen backlog
+    daemon_threads = True
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    seen: list[tuple[float, list[int], int]] = []
+    lock = threading.Lock()
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_POST(self):
+        t = time.time()
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with self.lock:
+            self.seen.append((t, list(body["prompt"]), int(body["max_tokens"])))
+        n = int(body["max_tokens"])
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for _ in range(n):
+            chunk = {"choices": [{"index": 0, "text": "x"}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            time.sleep(0.02)  # a slow response: the next send must not wait for it
+        usage = {"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": n}}
+        self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        self.wfile.flush()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM's benchmark code")
+def test_logged_replay_send_times_and_max_tokens(tmp_path: Path):
+    # a bursty log (seconds): bursts of 4-6 requests within 30 ms, 0.4-1.6 s apart; replayed twice as fast
+    logged = []
+    t = 1_700_000_000.0
+    for burst, gap in ((5, 1.2), (4, 0.4), (6, 1.6), (3, 0.8), (5, 0.0)):
+        logged += [t + 0.006 * j for j in range(burst)]
+        t += gap
+    n = len(logged)
+    shuffled = logged[1::2] + logged[0::2]  # the log's line order need not be arrival order
+    order, offsets = schedule(shuffled, speed=2.0)
+    max_tokens = [3 + (i % 5) for i in range(n)]
+    prompts = [(f"r{i}", [1000 + i, 7, 7]) for i in order]
+    path = tmp_path / "prompts.jsonl"
+    write_prompts(path, prompts, 16, arrival_s=offsets, own_max_tokens=[max_tokens[i] for i in order])
+
+    _Recorder.seen = []
+    server = _Server(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    cmd = [
+        sys.executable, "-m", "speclab.server.loadgen", "--speclab-prompts", str(path),
+        "--dataset-name", "custom", "--dataset-path", str(path), "--backend", "vllm", "--base-url", url,
+        "--endpoint", "/v1/completions", "--model", "fake", "--skip-tokenizer-init", "--num-prompts", str(n),
+        "--request-rate", "inf", "--ready-check-timeout-sec", "0", "--disable-tqdm", "--temperature", "0",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(SRC), "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    seen = sorted(_Recorder.seen)
+    assert len(seen) == n
+    by_prompt = {tuple(p): (t, m) for t, p, m in seen}
+    start = by_prompt[tuple(prompts[0][1])][0]
+    errors = []
+    for (pid, ids), off in zip(prompts, offsets, strict=True):
+        t_recv, m = by_prompt[tuple(ids)]
+        assert m == max_tokens[int(pid[1:])]  # each request's own max_tokens reached the server
+        errors.append((abs((t_recv - start) - off), off))
+    errors.sort()
+    p99 = errors[min(len(errors) - 1, int(round(0.99 * (len(errors) - 1))))][0]
+    assert p99 <= 0.050, errors
+    assert offsets[-1] == pytest.approx((logged[-1] - logged[0]) / 2.0)
