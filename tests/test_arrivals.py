@@ -143,3 +143,95 @@ def test_logged_replay_send_times_and_max_tokens(tmp_path: Path):
     p99 = errors[min(len(errors) - 1, int(round(0.99 * (len(errors) - 1))))][0]
     assert p99 <= 0.050, errors
     assert offsets[-1] == pytest.approx((logged[-1] - logged[0]) / 2.0)
+
+
+# --- server cells of a logged replay ------------------------------------------------------------------------
+SWEEP = """
+target = "/nonexistent/target"
+workloads = ["offline-code-edit"]
+batch_sizes = [1]
+num_prompts = 4
+max_tokens = 16
+
+[server]
+concurrency = [2]
+arrivals = "logged:2"
+
+[[methods]]
+name = "ngram"
+k = 3
+"""
+
+FAKE_LOADGEN = r"""
+import json, shutil, sys
+result_dir, prompts, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+shutil.copy(prompts, result_dir + "/sent.jsonl")
+r = {"completed": n, "failed": 0, "duration": 1.0, "total_output_tokens": 8 * n, "output_throughput": 8.0 * n,
+     "request_throughput": float(n), "generated_texts": ["same"] * n, "errors": [""] * n}
+open(result_dir + "/result.json", "w").write(json.dumps(r))
+"""
+
+
+class _FakeServer:
+    def __init__(self, spec, workdir, startup_timeout_s=900.0):
+        self.workdir = Path(workdir)
+        self.url, self.target, self.startup_s, self.proc = "http://127.0.0.1:1", "/m", 0.1, None
+        self.log_path = self.workdir / "server.log"
+
+    def __enter__(self):
+        self.workdir.mkdir(parents=True)
+        self.log_path.write_text("fake\n")
+        return self
+
+    def __exit__(self, *a):
+        return None
+
+    def warmup(self, ids):
+        pass
+
+    def scrape(self):
+        from speclab.server.metrics import ServerCounters
+
+        return ServerCounters()
+
+
+def test_server_cells_replay_the_log(tmp_path: Path, monkeypatch):
+    from speclab.bench.preflight import PromptSet
+    from speclab.bench.spec import parse_sweep_text
+    from speclab.engine.protocol import PromptSpec
+    from speclab.server import runner as R
+    from speclab.server.arrivals import apply_arrivals
+    from speclab.server.cells import expand_server_cells
+
+    spec = parse_sweep_text(SWEEP, "s.toml")
+    ids = sorted(c.cell_id for c in expand_server_cells(spec))
+    assert (
+        len(ids) == 4
+        and sum(".srv-logged2." in i for i in ids) == 2
+        and sum(".srv-c2." in i for i in ids) == 2
+    )
+    apply_arrivals(spec, "logged:4")
+    cells = expand_server_cells(spec)
+    assert [c.load_text for c in cells] == ["arrivals logged:4"] * 2
+    assert cells[0].describe(spec)["load"]["arrivals"] == "logged:4"
+
+    monkeypatch.setattr(R, "Server", _FakeServer)
+    monkeypatch.setattr(
+        R,
+        "loadgen_command",
+        lambda **kw: [sys.executable, "-c", FAKE_LOADGEN, str(kw["result_dir"]), str(kw["prompts"]), "4"],
+    )
+
+    def provider(w: str) -> PromptSet:
+        ps = [PromptSpec(f"p{i}", [1, 2, 3, i]) for i in range(4)]
+        arrivals = {"p0": 100.0, "p1": 108.0, "p2": 100.4, "p3": 104.0}
+        logged = {"p0": {"max_tokens": 5}, "p2": {"max_tokens": 9}, "p3": {"max_tokens": 4000}}
+        return PromptSet(w, "code", ps, logged=logged, arrivals=arrivals)
+
+    spec.max_model_len = 64
+    out = R.run_server_bench(spec, tmp_path / "run", provider, echo=lambda s: None, spec_text=SWEEP)
+    assert out.ok == 2 and out.failed == 0
+    sent = [json.loads(x) for x in next((tmp_path / "run").rglob("sent.jsonl")).read_text().splitlines()]
+    assert [d["id"] for d in sent] == ["p0", "p2", "p3", "p1"]  # arrival order
+    assert [d["arrival_s"] for d in sent] == [0.0, 0.1, 1.0, 2.0]  # (t - t0) / 4
+    assert [d["max_tokens"] for d in sent] == [5, 9, 60, 16]  # own, own cut to the model length, sweep's

@@ -111,6 +111,13 @@ def _temperature_list(text: str | None) -> list[float] | None:
     "sweep's [server] request rates / concurrency levels (docs/server.md).",
 )
 @click.option(
+    "--arrivals",
+    default=None,
+    metavar="logged[:SPEED]",
+    help="Server loads: replay the request log's own arrival times (divided by SPEED), each request with "
+    "its own max_tokens, in place of the [server] rates / concurrency levels (docs/server.md).",
+)
+@click.option(
     "--ray",
     "ray_address",
     is_flag=False,
@@ -140,6 +147,7 @@ def run_cmd(
     cell_timeout: float | None,
     redo: tuple[str, ...],
     server_mode: bool,
+    arrivals: str | None,
     ray_address: str | None,
     dry_run: bool,
     no_progress: bool,
@@ -173,6 +181,10 @@ def run_cmd(
         import_ray()  # one line now if the extra is missing, not after the checks
     spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods, "--methods"))
     run_dir = out or f"runs/{spec.name}"
+    if arrivals is not None:
+        from speclab.server.arrivals import apply_arrivals
+
+        apply_arrivals(spec, arrivals)
     if server_mode:
         _run_server(spec, text, run_dir, redo, dry_run)
         return

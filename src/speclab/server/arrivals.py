@@ -12,44 +12,12 @@ speclab.workloads.arrivals describes a log's arrival pattern (`speclab workloads
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from typing import Any
 
+from speclab.bench.server_spec import Arrivals, parse_arrivals
 from speclab.errors import ConfigError
 
-
-@dataclass(frozen=True)
-class Arrivals:
-    """How a load's requests arrive: "rate" (vLLM's Poisson/gamma process at the cell's rate or concurrency)
-    or "logged" (the log's own times divided by `speed`)."""
-
-    mode: str = "rate"
-    speed: float = 1.0
-
-    @property
-    def logged(self) -> bool:
-        return self.mode == "logged"
-
-    def label(self) -> str:
-        return "logged" if self.speed == 1.0 else f"logged:{self.speed:g}"
-
-
-def parse_arrivals(text: str | None) -> Arrivals:
-    """`rate` (default) or `logged[:SPEED]` (SPEED > 0; 2 = twice as fast as logged)."""
-    if text is None or text.strip() in ("", "rate", "poisson"):
-        return Arrivals()
-    head, _, tail = text.strip().partition(":")
-    if head != "logged":
-        raise ConfigError(f"arrivals {text!r}: expected 'rate' or 'logged[:SPEED]'")
-    if not tail:
-        return Arrivals("logged", 1.0)
-    try:
-        speed = float(tail)
-    except ValueError:
-        raise ConfigError(f"arrivals {text!r}: SPEED must be a number") from None
-    if not math.isfinite(speed) or speed <= 0:
-        raise ConfigError(f"arrivals {text!r}: SPEED must be > 0")
-    return Arrivals("logged", speed)
+__all__ = ["Arrivals", "logged_requests", "parse_arrivals", "schedule"]
 
 
 def schedule(
@@ -70,3 +38,57 @@ def schedule(
         return [], []
     t0 = float(arrival_s[order[0]])  # type: ignore[arg-type]
     return order, [(float(arrival_s[i]) - t0) / speed for i in order]  # type: ignore[arg-type]
+
+
+def logged_requests(
+    prompts: list[Any],
+    arrivals: dict[str, float],
+    logged: dict[str, dict[str, Any]],
+    speed: float,
+    max_model_len: int,
+    where: str = "",
+) -> tuple[list[int], list[float], list[int | None]]:
+    """A logged replay of `prompts` (PromptSpecs in log order): the send order (indices), each sent request's
+    offset from the load's start (s) and its own logged max_tokens (None where the log gave none; cut to the
+    model length left after its prompt)."""
+    order, offsets = schedule([arrivals.get(p.id) for p in prompts], speed, where)
+    own: list[int | None] = []
+    for i in order:
+        p = prompts[i]
+        mt = (logged.get(p.id) or {}).get("max_tokens")
+        own.append(None if mt is None else max(1, min(int(mt), max_model_len - len(p.prompt_token_ids))))
+    return order, offsets, own
+
+
+def logged_schedule(
+    arrivals: str | None, specs: list[Any], prompt_set: Any, max_model_len: int, where: str = ""
+) -> tuple[list[int], list[float], list[int | None]] | None:
+    """`logged_requests` for a load's prompts (bench.preflight.PromptSet's arrival times and logged settings),
+    or None when the load is not a logged replay (`arrivals` None or "rate")."""
+    a = parse_arrivals(arrivals)
+    if not a.logged:
+        return None
+    return logged_requests(
+        specs,
+        getattr(prompt_set, "arrivals", {}) or {},
+        getattr(prompt_set, "logged", {}) or {},
+        a.speed,
+        max_model_len,
+        where,
+    )
+
+
+def apply_arrivals(spec: Any, text: str) -> None:
+    """`--arrivals logged[:SPEED]`: the sweep's server loads become the one logged replay (a [server] table
+    is created where the sweep has none)."""
+    from speclab.bench.server_spec import ServerSpec
+
+    a = parse_arrivals(text)
+    if spec.server is None:
+        spec.server = ServerSpec()
+    if a.logged:
+        spec.server.arrivals = a.label()
+        spec.server.request_rates = []
+        spec.server.concurrency = []
+    else:
+        spec.server.arrivals = None
