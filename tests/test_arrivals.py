@@ -235,3 +235,22 @@ def test_server_cells_replay_the_log(tmp_path: Path, monkeypatch):
     assert [d["id"] for d in sent] == ["p0", "p2", "p3", "p1"]  # arrival order
     assert [d["arrival_s"] for d in sent] == [0.0, 0.1, 1.0, 2.0]  # (t - t0) / 4
     assert [d["max_tokens"] for d in sent] == [5, 9, 60, 16]  # own, own cut to the model length, sweep's
+
+
+def test_inspect_shows_the_arrival_pattern(tmp_path: Path):
+    from speclab.workloads.summary import format_summary, summarize_file
+
+    times = [0, 0.01, 0.02, 0.03, 0.04, 30, 30.01, 30.02, 60, 60.01]
+    rows = [
+        {"messages": [{"role": "user", "content": f"question {i}"}], "timestamp": 1000 + t, "max_tokens": 8}
+        for i, t in enumerate(times)
+    ]
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = summarize_file(path)
+    p = s["requests_asked"]["arrival"]["pattern"]
+    assert p["n"] == 10 and p["span_s"] == pytest.approx(60.01) and p["gap_cv"] > 1.3
+    assert p["per_bin"][0] == 5 and p["per_bin"][-1] == 2 and sum(p["per_bin"]) == 10
+    out = format_summary(s)
+    assert "arrival pattern: 10 requests over 60.0 s" in out and "(bursty; 1 = Poisson)" in out
+    assert "--arrivals logged" in out
