@@ -47,8 +47,10 @@ def watch(
     get: Callable[[str], str] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    stop: Any = None,
 ) -> dict[str, Any]:
-    """Watch the server at `url` for `window_s` seconds; the reading as a dict (see `reading`)."""
+    """Watch the server at `url` for `window_s` seconds, or until `stop` (a threading.Event) is set; the
+    reading as a dict (see `reading`)."""
     murl = metrics_url(url)
     fetch = get or (lambda u: _get(u, timeout=max(5.0, interval_s)))
     text = fetch(murl)
@@ -60,10 +62,12 @@ def watch(
         left = t0 + window_s - clock()
         if left <= 0:
             break
-        sleep(min(interval_s, left))
+        stopped = stop.wait(min(interval_s, left)) if stop is not None else sleep(min(interval_s, left))
         text = fetch(murl)
         scrapes += 1
         samples.append(parse_gauges(text, (RUNNING, WAITING)))
+        if stopped:
+            break
     after = parse_metrics(text)
     out = reading(after.minus(before), clock() - t0, samples)
     out.update(url=murl, scrapes=scrapes)
