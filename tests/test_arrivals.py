@@ -254,3 +254,31 @@ def test_inspect_shows_the_arrival_pattern(tmp_path: Path):
     out = format_summary(s)
     assert "arrival pattern: 10 requests over 60.0 s" in out and "(bursty; 1 = Poisson)" in out
     assert "--arrivals logged" in out
+
+
+def test_cli_arrivals_dry_run(tmp_path: Path, capsys):
+    from speclab.cli import main
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(SWEEP.replace('arrivals = "logged:2"\n', "").replace("/nonexistent/target", str(ckpt)))
+    argv = [
+        "bench",
+        "run",
+        str(sweep),
+        "--server",
+        "--arrivals",
+        "logged:3",
+        "--dry-run",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    main(argv)
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "(arrivals logged:3, 4 requests)" in text and "conc" not in text
+    with pytest.raises(SystemExit) as ei:
+        main(["bench", "run", str(sweep), "--arrivals", "logged", "--dry-run"])
+    assert ei.value.code == 2 and "give --server too" in capsys.readouterr().err

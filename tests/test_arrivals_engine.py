@@ -31,7 +31,7 @@ max_tokens = 32
 seed = 42
 
 [workloads.my-log]
-path = "requests.log"
+path = "LOG"
 
 [engine]
 max_model_len = 1024
@@ -79,7 +79,7 @@ def test_logged_replay_and_watch_on_a_real_server(tmp_path, monkeypatch):
     ]
     log[1], log[2] = log[2], log[1]  # file order is not arrival order
     (tmp_path / "requests.log").write_text("".join(json.dumps(r) + "\n" for r in log))
-    (tmp_path / "sweep.toml").write_text(SWEEP)
+    (tmp_path / "sweep.toml").write_text(SWEEP.replace("LOG", str(tmp_path / "requests.log")))
     spec, _ = load_sweep_source(tmp_path / "sweep.toml")
     spec.methods = [m for m in spec.methods if m.name == "ngram"]
     apply_arrivals(spec, "logged:2")

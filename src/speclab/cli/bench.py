@@ -184,6 +184,8 @@ def run_cmd(
     if arrivals is not None:
         from speclab.server.arrivals import apply_arrivals
 
+        if not server_mode:
+            raise click.UsageError("--arrivals sets server loads: give --server too")
         apply_arrivals(spec, arrivals)
     if server_mode:
         _run_server(spec, text, run_dir, redo, dry_run)
