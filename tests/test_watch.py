@@ -116,7 +116,9 @@ def test_watch_reads_the_window_exactly(fake_server: str, tmp_path: Path, capsys
     assert r["accepted_tok_s"] == pytest.approx(18 * d / r["window_s"])
     assert r["draft_share"] == pytest.approx(10 / 22)
     running = [3 + i % 2 for i in range(n)]
-    assert r["running"] == {"mean": pytest.approx(sum(running) / n), "max": max(running), "samples": n}
+    occ = {"mean": sum(running) / n, "max": max(running), "samples": n, "busy_mean": sum(running) / n}
+    assert r["running"]["busy_samples"] == n and r["running"]["max"] == 4
+    assert {k: r["running"][k] for k in occ} == pytest.approx(occ)
     assert r["waiting_mean"] == 1.0
     # the what-if: B = mean running, f = 10/22, context = (prompt + gen / 2) / finished = (100 + 20) / 2
     wi = r["what_if"]
@@ -150,3 +152,9 @@ def test_reading_without_sd():
     r = reading(ServerCounters(generation_tokens=50, requests_finished=1), 2.0, [{}])
     assert not r["spec_decode"] and r["acceptance_rate_per_pos"] == [] and r["generation_tok_s"] == 25.0
     assert r["running"] is None
+
+
+def test_occupancy_leaves_idle_samples_out_of_the_busy_mean():
+    run = "vllm:num_requests_running"
+    r = reading(ServerCounters(), 1.0, [{run: 0.0}, {run: 2.0}, {run: 4.0}, {}])
+    assert r["running"] == {"mean": 2.0, "max": 4.0, "samples": 3, "busy_mean": 3.0, "busy_samples": 2}

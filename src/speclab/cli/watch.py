@@ -71,16 +71,18 @@ def _what_if(r: dict, name: str, method: str, ctx: int | None, estimate: float |
 
     if not r["acceptance_rate_per_pos"]:
         raise ConfigError("--cost-model: no drafts in the window (SD off or idle): nothing to price")
-    if not r.get("running") or not r["running"]["mean"]:
+    if not r.get("running") or not r["running"]["busy_mean"]:
         raise ConfigError("--cost-model: no request was running in the window")
     cm = get_cost_model(name)
     context = float(ctx if ctx is not None else estimate if estimate is not None else 1024)
     share = r["draft_share"] if r["draft_share"] is not None else 1.0
-    rows = what_if(cm, method, r["acceptance_rate_per_pos"], r["running"]["mean"], share, context, r["k"])
+    rows = what_if(
+        cm, method, r["acceptance_rate_per_pos"], r["running"]["busy_mean"], share, context, r["k"]
+    )
     return {
         "cost_model": cm.name,
         "method": method,
-        "running": r["running"]["mean"],
+        "running": r["running"]["busy_mean"],
         "context_tokens": context,
         "draft_share": share,
         "observed_k": r["k"],

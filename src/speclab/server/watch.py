@@ -99,8 +99,23 @@ def reading(c: ServerCounters, elapsed_s: float, samples: list[dict[str, float]]
         "requests_finished": c.requests_finished,
         # the share of request-steps that drafted (each step yields 1 + accepted tokens)
         "draft_share": c.num_drafts / request_steps if request_steps > 0 else None,
-        "running": {"mean": sum(run) / len(run), "max": max(run), "samples": len(run)} if run else None,
+        "running": _occupancy(run),
         "waiting_mean": sum(wait) / len(wait) if wait else None,
+    }
+
+
+def _occupancy(run: list[float]) -> dict[str, Any] | None:
+    """Running requests over the samples: mean, max, and the mean over the samples with any running (the
+    batch occupancy while the server was busy, which the what-if prices)."""
+    if not run:
+        return None
+    busy = [x for x in run if x > 0]
+    return {
+        "mean": sum(run) / len(run),
+        "max": max(run),
+        "samples": len(run),
+        "busy_mean": sum(busy) / len(busy) if busy else 0.0,
+        "busy_samples": len(busy),
     }
 
 
@@ -121,7 +136,8 @@ def format_watch(r: dict[str, Any]) -> str:
     run = r.get("running") or {}
     lines = [
         f"{r['url']}: {r['window_s']:.1f} s, {r['scrapes']} scrapes, no request sent",
-        f"  running requests     mean {_f(run.get('mean'))}, max {_f(run.get('max'), '.0f')}"
+        f"  running requests     mean {_f(run.get('mean'))}, max {_f(run.get('max'), '.0f')}, "
+        f"{_f(run.get('busy_mean'))} while busy ({run.get('busy_samples', 0)} of {run.get('samples', 0)} samples)"
         f"; waiting mean {_f(r.get('waiting_mean'))}",
         f"  generated tokens/s   {_f(r['generation_tok_s'], '.1f')} ({r['generation_tokens']} tokens, "
         f"{r['requests_finished']} requests finished)",

@@ -2,7 +2,8 @@
 policy priced with a cost model (speclab.costmodel), from the acceptance `speclab watch` read on /metrics.
 
 A closed form of the simulator's steady decode step, with these assumptions (stated in `ASSUMES`):
-- B requests decode together every step (B = the mean of `vllm:num_requests_running` over the window), each
+- B requests decode together every step (B = the mean of `vllm:num_requests_running` over the window's samples with any request
+  running: idle moments left out), each
   with `ctx` tokens of context (KV); prefill steps are left out.
 - A request drafts in a share f of its steps (f = drafts / request-steps, request-steps = generated tokens -
   accepted tokens: each step yields 1 + accepted tokens), and that share does not depend on k.
