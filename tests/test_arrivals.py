@@ -284,4 +284,4 @@ def test_cli_arrivals_dry_run(tmp_path: Path, capsys):
     assert "(arrivals logged:3, 4 requests)" in text and "conc" not in text
     with pytest.raises(SystemExit) as ei:
         main(["bench", "run", str(sweep), "--arrivals", "logged", "--dry-run"])
-    assert ei.value.code == 2 and "give --server too" in capsys.readouterr().err
+    assert ei.value.code == 2 and "give --server (or --endpoint) too" in capsys.readouterr().err

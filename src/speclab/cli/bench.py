@@ -111,13 +111,6 @@ def _temperature_list(text: str | None) -> list[float] | None:
     "sweep's [server] request rates / concurrency levels (docs/server.md).",
 )
 @click.option(
-    "--arrivals",
-    default=None,
-    metavar="logged[:SPEED]",
-    help="Server loads: replay the request log's own arrival times (divided by SPEED), each request with "
-    "its own max_tokens, in place of the [server] rates / concurrency levels (docs/server.md).",
-)
-@click.option(
     "--ray",
     "ray_address",
     is_flag=False,
@@ -128,6 +121,13 @@ def _temperature_list(text: str | None) -> list[float] | None:
     "else a local one on 127.0.0.1. Needs the ray extra. Put it after SWEEP.",
 )
 @click.option("--dry-run", is_flag=True, help="Check the sweep and list its engines and cells; run nothing.")
+@click.option(
+    "--arrivals",
+    default=None,
+    metavar="logged[:SPEED]",
+    help="Server or endpoint loads: replay the request log's own arrival times (divided by SPEED), each request with "
+    "its own max_tokens, in place of the [server] rates / concurrency levels (docs/server.md).",
+)
 @click.option(
     "--no-progress", is_flag=True, help="No progress bar (one line per finished cell still printed)."
 )
@@ -147,9 +147,9 @@ def run_cmd(
     cell_timeout: float | None,
     redo: tuple[str, ...],
     server_mode: bool,
-    arrivals: str | None,
     ray_address: str | None,
     dry_run: bool,
+    arrivals: str | None,
     no_progress: bool,
 ) -> None:
     """Run (or resume) a sweep. Completed cells in RUN are skipped."""
@@ -180,13 +180,13 @@ def run_cmd(
 
         import_ray()  # one line now if the extra is missing, not after the checks
     spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods, "--methods"))
-    run_dir = out or f"runs/{spec.name}"
-    if arrivals is not None:
+    if arrivals is not None:  # the server (or endpoint) loads become the log's own arrival times
         from speclab.server.arrivals import apply_arrivals
 
-        if not server_mode:
-            raise click.UsageError("--arrivals sets server loads: give --server too")
+        if not (server_mode or click.get_current_context().params.get("endpoints")):
+            raise click.UsageError("--arrivals sets server loads: give --server (or --endpoint) too")
         apply_arrivals(spec, arrivals)
+    run_dir = out or f"runs/{spec.name}"
     if server_mode:
         _run_server(spec, text, run_dir, redo, dry_run)
         return
