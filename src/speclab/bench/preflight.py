@@ -185,6 +185,8 @@ class PromptSet:
     # prompt id -> the sampling settings its request log gave (temperature, top_p, top_k, max_tokens), for
     # `sampling = "as-logged"` (bench/sampling.py); empty for other workloads
     logged: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # prompt id -> its logged arrival time (s), for a server-mode replay (`--arrivals logged`)
+    arrivals: dict[str, float] = field(default_factory=dict)
 
 
 def render_workload(spec: SweepSpec, workload: str, tokenizer_path: str, category: str) -> PromptSet:
@@ -210,6 +212,7 @@ def render_workload(spec: SweepSpec, workload: str, tokenizer_path: str, categor
     out = []
     truncated = 0
     logged = {}
+    arrivals = {}
     for p in prompts:
         ids, cut = render_prompt(p, tok, max_prompt_tokens=spec.prompt_budget)
         truncated += int(cut)
@@ -217,11 +220,19 @@ def render_workload(spec: SweepSpec, workload: str, tokenizer_path: str, categor
         own = logged_settings(p.meta)
         if own:
             logged[p.id] = own
+        if p.meta.get("arrival_s") is not None:
+            arrivals[p.id] = float(p.meta["arrival_s"])
     from speclab.workloads.file_workloads import bench_notes
 
     notes = bench_notes(workload, prompts, spec.max_tokens, as_logged=spec.sampling == "as-logged")
     return PromptSet(
-        workload=workload, category=category, prompts=out, truncated=truncated, notes=notes, logged=logged
+        workload=workload,
+        category=category,
+        prompts=out,
+        truncated=truncated,
+        notes=notes,
+        logged=logged,
+        arrivals=arrivals,
     )
 
 

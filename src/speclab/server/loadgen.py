@@ -12,7 +12,10 @@ same requests; vLLM's completions backends send a `prompt` given as token ids un
 one line per request, in order: {"id": str, "prompt_token_ids": [int], "max_tokens": int}, and for a sampled
 cell "sampling": {temperature, top_p, top_k, seed, max_tokens} (PromptSpec.sampling): sent as the request's
 own body fields (SampleRequest.request_overrides, merged over the command line's `--temperature 0`), so every
-request draws with the same seed as offline.
+request draws with the same seed as offline. A line may carry "arrival_s": its send time in seconds from the
+load's start (a logged replay, speclab.server.arrivals); then every line must, they are sent at those times by
+vLLM's own self-timed scheduler (`get_request(..., self_timed=True)`, which `vllm bench serve` only switches
+on for its `timed_trace` dataset) and `--request-rate` is ignored.
 
 `load_requests` builds vLLM's own `SampleRequest`s from it; `main` installs them in place of
 `vllm.benchmarks.serve.get_samples` and runs `vllm.benchmarks.serve.main`. The caller passes
@@ -43,11 +46,16 @@ def read_prompts(path: str | Path) -> list[dict[str, Any]]:
             p = {"id": str(d["id"]), "prompt_token_ids": ids, "max_tokens": int(d["max_tokens"])}
             if d.get("sampling"):
                 p["sampling"] = check_sampling(d["sampling"], f"{path}:{i}")
+            if d.get("arrival_s") is not None:
+                p["arrival_s"] = float(d["arrival_s"])
             out.append(p)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, ConfigError) as exc:
             raise SpeclabError(f"{path}:{i}: not a prompt line ({exc})") from None
     if not out:
         raise SpeclabError(f"{path}: no prompts")
+    timed = sum(1 for p in out if "arrival_s" in p)
+    if timed not in (0, len(out)):
+        raise SpeclabError(f"{path}: {timed} of {len(out)} lines have an arrival_s; all or none must")
     return out
 
 
@@ -56,15 +64,23 @@ def write_prompts(
     prompts: list[tuple[str, list[int]]],
     max_tokens: int,
     sampling: list[dict[str, Any] | None] | None = None,
+    arrival_s: list[float] | None = None,
+    own_max_tokens: list[int | None] | None = None,
 ) -> None:
-    """One line per request; `sampling`: each request's settings (PromptSpec.sampling), None for greedy."""
+    """One line per request; `sampling`: each request's settings (PromptSpec.sampling), None for greedy;
+    `arrival_s`: each request's send time from the load's start (a logged replay); `own_max_tokens`: each
+    request's own max_tokens (None: the sweep's)."""
     lines = []
     for i, (pid, ids) in enumerate(prompts):
         d: dict[str, Any] = {"id": pid, "prompt_token_ids": ids, "max_tokens": max_tokens}
+        if own_max_tokens and own_max_tokens[i]:
+            d["max_tokens"] = int(own_max_tokens[i])  # type: ignore[arg-type]
         s = sampling[i] if sampling else None
         if s:
             d["sampling"] = s
-            d["max_tokens"] = int(s.get("max_tokens") or max_tokens)
+            d["max_tokens"] = int(s.get("max_tokens") or d["max_tokens"])
+        if arrival_s is not None:
+            d["arrival_s"] = round(float(arrival_s[i]), 6)
         lines.append(json.dumps(d) + "\n")
     atomic_write_text(path, "".join(lines))
 
@@ -94,9 +110,21 @@ def load_requests(path: str | Path, num_prompts: int, request_id_prefix: str = "
             expected_output_len=p["max_tokens"],
             request_id=f"{request_id_prefix}{i}",
             request_overrides=request_overrides(p.get("sampling")),
+            timestamp=p.get("arrival_s"),
         )
         for i, p in enumerate(prompts[:num_prompts])
     ]
+
+
+def self_timed(get_request: Any) -> Any:
+    """vllm bench serve's request scheduler with its self-timed path on (each request sent at its own
+    timestamp from the start); its command line allows that only for the timed_trace dataset."""
+
+    def timed(input_requests: Any, request_rate: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("self_timed", None)
+        return get_request(input_requests, request_rate, *args[:4], self_timed=True)
+
+    return timed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         return requests
 
     vserve.get_samples = samples  # the dataset step only; everything else is vllm bench serve's
+    if requests and requests[0].timestamp is not None:
+        vserve.get_request = self_timed(vserve.get_request)
     vserve.main(args)
     return 0
 

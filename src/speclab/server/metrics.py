@@ -112,3 +112,23 @@ def parse_metrics(text: str) -> ServerCounters:
             if family.startswith("vllm:spec_decode"):
                 c.spec_decode = True
     return c
+
+
+def parse_gauges(text: str, families: tuple[str, ...]) -> dict[str, float]:
+    """The values of gauge families (e.g. vllm:num_requests_running), summed over label sets (engines);
+    a family absent from the scrape is absent from the result."""
+    out: dict[str, float] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if m is None or m.group(1) not in families:
+            continue
+        try:
+            v = float(m.group(3))
+        except ValueError:
+            continue
+        if math.isfinite(v):
+            out[m.group(1)] = out.get(m.group(1), 0.0) + v
+    return out

@@ -38,6 +38,7 @@ from speclab.engine.launch import describe_exit, log_tail, spawn_child
 from speclab.engine.worker import cpu_stall_us
 from speclab.errors import ConfigError, SpeclabError
 from speclab.procs import kill_group
+from speclab.server.arrivals import logged_schedule
 from speclab.server.cells import ServerCell, ServerGroup, expand_server_cells, group_server_engines
 from speclab.server.loadgen import loadgen_command, write_prompts
 from speclab.server.metrics import ServerCounters
@@ -143,19 +144,26 @@ class ServerRunner:
         ps = self.provider(workload)
         specs, own = cell_prompts(cell.setting, self.spec.seed, ps, self.spec.max_model_len)
         specs = specs[:n]
+        timed = logged_schedule(cell.arrivals, specs, ps, self.spec.max_model_len, workload)
+        if timed is not None:
+            specs = [specs[i] for i in timed[0]]  # sent in arrival order
         prompts = [(p.id, list(p.prompt_token_ids)) for p in specs]
         sampling = [p.sampling for p in specs]
         if len(prompts) < n:
             self.echo(f"note: {workload}: only {len(prompts)} prompts (asked for {n})")
         # greedy: the blob (and file name) every greedy run had
         blob = json.dumps(
-            [prompts, self.spec.max_tokens] + ([sampling] if any(sampling) else []), separators=(",", ":")
+            [prompts, self.spec.max_tokens]
+            + ([sampling] if any(sampling) else [])
+            + ([timed[1:]] if timed is not None else []),
+            separators=(",", ":"),
         )
         digest = hashlib.sha1(blob.encode()).hexdigest()[:8]
         path = self.run_dir / SERVER_DIR / "prompts" / f"{_safe(workload)}-{digest}.jsonl"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_prompts(path, prompts, self.spec.max_tokens, sampling)
+            arrival_s, own_max = (timed[1], timed[2]) if timed is not None else (None, None)
+            write_prompts(path, prompts, self.spec.max_tokens, sampling, arrival_s, own_max)
         return path, prompts[0][1], ps.category, len(prompts), sum(1 for p in specs if p.id in own)
 
     def _attempt_dir(self, g: ServerGroup) -> Path:
@@ -336,6 +344,8 @@ def format_server_line(row: dict[str, Any]) -> str:
     lt = (
         f"{load['request_rate']:g} req/s"
         if load.get("request_rate") is not None
+        else f"arrivals {load['arrivals']}"
+        if load.get("arrivals")
         else f"conc {load.get('max_concurrency')}"
     )
     head = f"{row.get('label')} {row.get('workload')} @ {lt}"

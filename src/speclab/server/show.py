@@ -16,6 +16,8 @@ def load_key(r: dict[str, Any]) -> tuple[int, float]:
     load = r.get("load") or {}
     if load.get("request_rate") is not None:
         return (0, float(load["request_rate"]))
+    if load.get("arrivals"):
+        return (2, 0.0)
     return (1, float(load.get("max_concurrency") or 0))
 
 
@@ -23,6 +25,8 @@ def load_text(r: dict[str, Any]) -> str:
     load = r.get("load") or {}
     if load.get("request_rate") is not None:
         return f"{load['request_rate']:g}/s"
+    if load.get("arrivals"):
+        return str(load["arrivals"])
     return f"c{load.get('max_concurrency')}"
 
 

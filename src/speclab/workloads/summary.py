@@ -13,6 +13,7 @@ import os
 from collections import Counter
 from typing import Any
 
+from speclab.workloads.arrivals import pattern, pattern_lines
 from speclab.workloads.base import Prompt, seeded_sample
 from speclab.workloads.files import parse_file
 from speclab.workloads.overlap import _units, ngram_overlap
@@ -87,6 +88,7 @@ def _requests(prompts: list[Prompt], fmt: str) -> dict[str, Any]:
                 "n": len(arrivals),
                 "span_s": span,
                 "rate_per_s": (len(arrivals) - 1) / span if span > 0 else None,
+                "pattern": pattern(arrivals),  # rate over time, burstiness (workloads.arrivals)
             }
             if arrivals
             else None
@@ -202,6 +204,7 @@ def format_summary(
             f"arrival times: {a['n']} over {a['span_s']:.1f} s{rate} (kept in meta['arrival_s'] for a "
             "server-mode replay)"
         )
+        lines += pattern_lines(a.get("pattern"))
     ov = s["overlap"]
     lines.append("n-gram overlap potential (BLEU-4 style, the study's statistic):")
     for key, label in (
