@@ -3,6 +3,7 @@
 speclab bench SWEEP.toml --out RUN        run (or resume) a sweep file
 speclab bench --preset demo-cpu --out RUN run a shipped sweep preset
 speclab bench SWEEP.toml --server --out RUN  its [server] cells: vllm serve + vllm bench serve
+speclab bench SWEEP.toml --endpoint URL [--endpoint URL] --out RUN  its [server] loads at running servers
 speclab bench show RUN [--json]           the results table
 speclab bench compare RUN_A RUN_B         same cells, token-exact outputs, throughput ratios
 speclab bench presets                     list sweep presets
@@ -111,6 +112,26 @@ def _temperature_list(text: str | None) -> list[float] | None:
     "sweep's [server] request rates / concurrency levels (docs/server.md).",
 )
 @click.option(
+    "--endpoint",
+    "endpoints",
+    multiple=True,
+    metavar="[LABEL=]URL",
+    help="Bench an OpenAI-compatible server that already runs, at the sweep's [server] loads; twice for an "
+    "A/B comparison (label `none` = the no-SD baseline). docs/server.md, 'Existing endpoint'.",
+)
+@click.option(
+    "--api-key-env", metavar="NAME", help="With --endpoint: the environment variable holding the API key."
+)
+@click.option(
+    "--model", "served_model", help="With --endpoint: the served model name (default: the first listed)."
+)
+@click.option(
+    "--request-timeout",
+    type=float,
+    default=300.0,
+    help="With --endpoint: fail a request after this many seconds.",
+)
+@click.option(
     "--ray",
     "ray_address",
     is_flag=False,
@@ -140,6 +161,10 @@ def run_cmd(
     cell_timeout: float | None,
     redo: tuple[str, ...],
     server_mode: bool,
+    endpoints: tuple[str, ...],
+    api_key_env: str | None,
+    served_model: str | None,
+    request_timeout: float,
     ray_address: str | None,
     dry_run: bool,
     no_progress: bool,
@@ -173,6 +198,16 @@ def run_cmd(
         import_ray()  # one line now if the extra is missing, not after the checks
     spec, text = load_sweep_source(sweep, preset, overrides, _str_list(methods, "--methods"))
     run_dir = out or f"runs/{spec.name}"
+    if endpoints:
+        if server_mode or ray_address is not None:
+            raise click.UsageError("--endpoint cannot be combined with --server or --ray")
+        from speclab.cli.bench_endpoint import run_endpoint
+
+        _check_run_dir(run_dir, text, [], redo)
+        run_endpoint(
+            spec, text, run_dir, redo, dry_run, endpoints, api_key_env, served_model, request_timeout
+        )
+        return
     if server_mode:
         _run_server(spec, text, run_dir, redo, dry_run)
         return
