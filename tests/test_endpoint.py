@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import socket
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI
 
+from fake_openai import FakeOpenAI
 from speclab.errors import ConfigError
 from speclab.server.endpoint import parse_endpoints
 from speclab.server.faults import classify
@@ -165,3 +164,34 @@ def test_remote_fault_is_one_line_exit_2_completed_kept(tmp_path, monkeypatch, c
         assert row["failed_requests"] == 2
     result = json.loads((tmp_path / "run" / row["result_file"]).read_text())
     assert sum(1 for t in result["generated_texts"] if t) >= kept
+
+
+def test_cli_dry_run_and_usage(tmp_path, monkeypatch, capsys):
+    rc, out, _ = _bench(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        "--endpoint",
+        "ngram=http://127.0.0.1:9",
+        "--endpoint",
+        "none=http://127.0.0.1:8/v1",
+        "--dry-run",
+    )
+    assert rc == 0 and "endpoint mode: 2 cells" in out
+    assert out.index("endpoint none: http://127.0.0.1:8 (baseline)") < out.index("endpoint ngram")
+    assert "none.offline-code-edit.ep-c1." in out and not (tmp_path / "run").exists()
+    rc, _, err = _bench(tmp_path, monkeypatch, capsys, "--endpoint", "http://127.0.0.1:9", "--server")
+    assert rc == 2 and "cannot be combined" in err
+    rc, _, err = _bench(tmp_path, monkeypatch, capsys, "--endpoint", "http://127.0.0.1:9", "--redo", "x.*")
+    assert rc == 2 and "matches no cell" in err
+    monkeypatch.delenv("SPECLAB_UNSET_KEY", raising=False)
+    rc, _, err = _bench(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        "--endpoint",
+        "http://127.0.0.1:9",
+        "--api-key-env",
+        "SPECLAB_UNSET_KEY",
+    )
+    assert rc == 2 and "SPECLAB_UNSET_KEY: that environment variable is not set" in err

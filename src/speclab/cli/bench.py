@@ -203,10 +203,8 @@ def run_cmd(
             raise click.UsageError("--endpoint cannot be combined with --server or --ray")
         from speclab.cli.bench_endpoint import run_endpoint
 
-        _check_run_dir(run_dir, text, [], redo)
-        run_endpoint(
-            spec, text, run_dir, redo, dry_run, endpoints, api_key_env, served_model, request_timeout
-        )
+        opts = (endpoints, api_key_env, served_model, request_timeout)
+        run_endpoint(spec, text, run_dir, redo, dry_run, *opts, check_run_dir=_check_run_dir)
         return
     if server_mode:
         _run_server(spec, text, run_dir, redo, dry_run)

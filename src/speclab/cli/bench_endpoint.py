@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -22,6 +24,8 @@ def run_endpoint(
     api_key_env: str | None,
     model: str | None,
     request_timeout: float,
+    *,
+    check_run_dir: Callable[..., Any],
 ) -> None:
     """Run (or resume) the endpoint cells; a remote failure is one line and exit 2 (EndpointFault)."""
     from speclab.bench.preflight import preflight, render_workload
@@ -34,6 +38,7 @@ def run_endpoint(
         raise ConfigError(f"--request-timeout {request_timeout}: need a number of seconds > 0")
     endpoints = parse_endpoints(list(endpoint_args))
     cells = expand_endpoint_cells(spec, endpoints)
+    check_run_dir(run_dir, text, [c.cell_id for c in cells], redo)
     if dry_run:
         click.echo(f"sweep {spec.name} ({spec.source}), endpoint mode: {len(cells)} cells")
         for ep in endpoints:
