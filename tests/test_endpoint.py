@@ -107,6 +107,7 @@ def test_endpoint_ok_with_key_and_resume(tmp_path, monkeypatch, capsys):
         assert row["latency_ms"]["ttft"]["p50"] > 0 and row["request_goodput"] is not None
         assert row["spec_counters"]["num_drafts"] == 16 and row["mean_acceptance_length"] == 2.0
         assert all(a == f"Bearer {KEY}" for a in srv.auth_seen)
+        assert "ngram" in out and "1 endpoint cell(s) run" in out  # the server table and the summary
         n = srv.completions
         rc, _, err = _bench(
             tmp_path,
