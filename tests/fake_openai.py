@@ -8,6 +8,7 @@ later one gets the fault:
   drop        a few tokens, then the connection is cut in the middle of the stream
   badsse      a chunk that is not JSON
   nometrics   answers well, but /metrics has no spec-decode counters
+  badmetrics  /metrics answers a counter that is not a number
 
 With `api_key`, every /v1 request without `Authorization: Bearer <api_key>` gets 401.
 """
@@ -98,6 +99,8 @@ class FakeOpenAI:
             return self._plain(
                 writer, 200, json.dumps({"object": "list", "data": [{"id": MODEL, "root": MODEL}]})
             )
+        if path == "/metrics" and self.mode == "badmetrics":
+            return self._plain(writer, 200, "vllm:spec_decode_num_drafts_total{} many\n", "text/plain")
         if path == "/metrics":
             return self._plain(writer, 200, self._metrics(), "text/plain")
         if path != "/v1/completions" or method != "POST":

@@ -196,3 +196,22 @@ def test_cli_dry_run_and_usage(tmp_path, monkeypatch, capsys):
         "SPECLAB_UNSET_KEY",
     )
     assert rc == 2 and "SPECLAB_UNSET_KEY: that environment variable is not set" in err
+
+
+def test_missing_key_fails_at_the_model_list(tmp_path, monkeypatch, capsys):
+    with FakeOpenAI("ok", api_key=KEY) as srv:
+        rc, _, err = _bench(tmp_path, monkeypatch, capsys, "--endpoint", f"none={srv.url}")
+        assert srv.completions == 0  # nothing measured against a server that refuses us
+    last = err.strip().splitlines()[-1]
+    assert rc == 2 and "HTTP 401 Unauthorized: the server refuses the API key" in last
+    assert "0 of 4 requests completed" in last
+
+
+def test_unreadable_metrics_is_a_fault(tmp_path, monkeypatch, capsys):
+    with FakeOpenAI("badmetrics") as srv:
+        rc, _, err = _bench(tmp_path, monkeypatch, capsys, "--endpoint", f"sd={srv.url}")
+        assert srv.completions == 0
+    last = err.strip().splitlines()[-1]
+    assert rc == 2 and "/metrics line 1: not a number" in last and "0 of 4 requests completed" in last
+    (row,) = _rows(tmp_path)
+    assert row["status"] == "failed" and row["completed"] == 0

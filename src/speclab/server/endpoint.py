@@ -300,7 +300,11 @@ class EndpointRunner(ServerRunner):
             settings["requests_own_settings"] = own
         cmd = self._loadgen(ep, c, model, path, n, celldir)
         atomic_write_text(celldir / "command.txt", " ".join(cmd) + "\n")
-        before, note = scrape(ep.url, self.api_key)
+        try:
+            before, note = scrape(ep.url, self.api_key)
+        except EndpointFault as exc:  # a /metrics that answers what cannot be read
+            self._put_failed(c, ep, str(exc))
+            raise EndpointFault(self._line(ep, str(exc), 0, n)) from None
         fault: str | None = None
         stall0, t0 = cpu_stall_us(), time.time()
         with open(celldir / "loadgen.log", "wb") as log:
@@ -330,7 +334,10 @@ class EndpointRunner(ServerRunner):
             fault += f" ({result.get('failed')} of {n} requests failed)"
         counters = None
         if before is not None:
-            after, note = scrape(ep.url, self.api_key)
+            try:
+                after, note = scrape(ep.url, self.api_key)
+            except EndpointFault as exc:
+                after, fault = None, fault or str(exc)
             counters = after.minus(before) if after is not None else None
             if fault is None and ep.expects_sd and counters is not None and not counters.spec_decode:
                 fault = "/metrics has no spec-decode counters (vllm:spec_decode_*): is SD on at this server?"
