@@ -3,6 +3,7 @@
 later one gets the fault:
 
   ok          no fault
+  refuse      the server stops listening (connections refused from then on)
   unauthorized / forbidden / ratelimit / error   HTTP 401 / 403 / 429 / 500
   timeout     no answer at all (the connection stays open)
   drop        a few tokens, then the connection is cut in the middle of the stream
@@ -115,6 +116,8 @@ class FakeOpenAI:
             await asyncio.sleep(3600)
             return None
         await self._stream(req, fault, writer)
+        if self.mode == "refuse" and self.completions >= self.ok_first:
+            self._server.close()  # stop listening: later connections are refused
         return None
 
     def _metrics(self) -> str:

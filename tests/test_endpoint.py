@@ -136,6 +136,7 @@ def test_connection_refused(tmp_path, monkeypatch, capsys):
 
 
 FAULTS = [
+    ("refuse", "connection refused"),
     ("unauthorized", "HTTP 401 Unauthorized"),
     ("forbidden", "HTTP 403 Forbidden"),
     ("ratelimit", "HTTP 429 Too Many Requests"),
