@@ -3,6 +3,7 @@
 speclab bench SWEEP.toml --out RUN        run (or resume) a sweep file
 speclab bench --preset demo-cpu --out RUN run a shipped sweep preset
 speclab bench SWEEP.toml --server --out RUN  its [server] cells: vllm serve + vllm bench serve
+speclab bench SWEEP.toml --endpoint URL [--endpoint URL] --out RUN  its [server] loads at running servers
 speclab bench show RUN [--json]           the results table
 speclab bench compare RUN_A RUN_B         same cells, token-exact outputs, throughput ratios
 speclab bench presets                     list sweep presets
@@ -111,6 +112,26 @@ def _temperature_list(text: str | None) -> list[float] | None:
     "sweep's [server] request rates / concurrency levels (docs/server.md).",
 )
 @click.option(
+    "--endpoint",
+    "endpoints",
+    multiple=True,
+    metavar="[LABEL=]URL",
+    help="Bench an OpenAI-compatible server that already runs, at the sweep's [server] loads; twice for an "
+    "A/B comparison (label `none` = the no-SD baseline). docs/server.md, 'Existing endpoint'.",
+)
+@click.option(
+    "--api-key-env", metavar="NAME", help="With --endpoint: the environment variable holding the API key."
+)
+@click.option(
+    "--model", "served_model", help="With --endpoint: the served model name (default: the first listed)."
+)
+@click.option(
+    "--request-timeout",
+    type=float,
+    default=300.0,
+    help="With --endpoint: fail a request after this many seconds.",
+)
+@click.option(
     "--ray",
     "ray_address",
     is_flag=False,
@@ -147,6 +168,10 @@ def run_cmd(
     cell_timeout: float | None,
     redo: tuple[str, ...],
     server_mode: bool,
+    endpoints: tuple[str, ...],
+    api_key_env: str | None,
+    served_model: str | None,
+    request_timeout: float,
     ray_address: str | None,
     dry_run: bool,
     arrivals: str | None,
@@ -187,6 +212,14 @@ def run_cmd(
             raise click.UsageError("--arrivals sets server loads: give --server (or --endpoint) too")
         apply_arrivals(spec, arrivals)
     run_dir = out or f"runs/{spec.name}"
+    if endpoints:
+        if server_mode or ray_address is not None:
+            raise click.UsageError("--endpoint cannot be combined with --server or --ray")
+        from speclab.cli.bench_endpoint import run_endpoint
+
+        opts = (endpoints, api_key_env, served_model, request_timeout)
+        run_endpoint(spec, text, run_dir, redo, dry_run, *opts, check_run_dir=_check_run_dir)
+        return
     if server_mode:
         _run_server(spec, text, run_dir, redo, dry_run)
         return

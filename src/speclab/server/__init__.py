@@ -9,5 +9,7 @@ with the spec-decode counters scraped from the server's /metrics. Details: docs/
 - `speclab.server.loadgen`: `vllm bench serve` fed the bench's own token-id prompts.
 - `speclab.server.rows`: a bench-serve result + counters -> a results.jsonl row.
 - `speclab.server.runner`: the resumable loop over engines and cells.
+- `speclab.server.endpoint`: the same cells against servers that already run (`--endpoint URL`, A/B).
+- `speclab.server.faults`: a remote server's failures as one-line causes; speclab's own requests to it.
 - `speclab.server.crosscheck`: /metrics acceptance vs the offline worker's counters for the same requests.
 """

@@ -136,8 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     vserve.add_cli_args(parser)
     parser.add_argument("--speclab-prompts", required=True, help="PROMPTS.jsonl: token-id prompts, in order")
+    parser.add_argument(
+        "--speclab-request-timeout", type=float, help="fail a request with no full answer within S seconds"
+    )
     args = parser.parse_args(argv)
     requests = load_requests(args.speclab_prompts, args.num_prompts, args.request_id_prefix)
+    if args.speclab_request_timeout:
+        bound_requests(vserve, args.speclab_request_timeout)
 
     def samples(_args: Any, _tokenizer: Any) -> list[Any]:
         return requests
@@ -147,6 +152,27 @@ def main(argv: list[str] | None = None) -> int:
         vserve.get_request = self_timed(vserve.get_request)
     vserve.main(args)
     return 0
+
+
+def bound_requests(vserve: Any, timeout_s: float) -> None:
+    """Every request of `vllm bench serve` bounded in time: one past `timeout_s` is a failed request (its
+    error names the timeout), the others still count."""
+    import asyncio
+
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
+
+    def bounded(func: Any) -> Any:
+        async def call(request_func_input: Any, session: Any, pbar: Any = None) -> Any:
+            try:
+                return await asyncio.wait_for(func(request_func_input, session, pbar), timeout_s)
+            except TimeoutError:
+                return RequestFuncOutput(
+                    success=False, error=f"TimeoutError: no answer within {timeout_s:g} s"
+                )
+
+        return call
+
+    vserve.ASYNC_REQUEST_FUNCS = {k: bounded(f) for k, f in vserve.ASYNC_REQUEST_FUNCS.items()}
 
 
 def loadgen_command(
@@ -163,10 +189,12 @@ def loadgen_command(
     goodput: list[str],
     result_dir: Path,
     request_id_prefix: str,
+    remote: bool = False,
 ) -> list[str]:
-    """The load generator's command line for one cell (loopback only; results saved with per-request detail,
-    generated texts included, for the token-exactness check)."""
-    if not base_url.startswith("http://127.0.0.1:"):
+    """The load generator's command line for one cell (loopback only unless `remote`, an existing endpoint the
+    user names; results saved with per-request detail, generated texts included, for the token-exactness
+    check)."""
+    if not remote and not base_url.startswith("http://127.0.0.1:"):
         raise SpeclabError(f"load generator: {base_url} is not a loopback address (127.0.0.1)")
     cmd = [
         sys.executable,
