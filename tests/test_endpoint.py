@@ -216,3 +216,18 @@ def test_unreadable_metrics_is_a_fault(tmp_path, monkeypatch, capsys):
     assert rc == 2 and "/metrics line 1: not a number" in last and "0 of 4 requests completed" in last
     (row,) = _rows(tmp_path)
     assert row["status"] == "failed" and row["completed"] == 0
+
+
+def test_endpoint_cells_replay_logged_arrivals():
+    from speclab.bench.spec import parse_sweep_text
+    from speclab.server.arrivals import apply_arrivals
+    from speclab.server.endpoint import expand_endpoint_cells
+
+    spec = parse_sweep_text(SWEEP, "s.toml")
+    eps = parse_endpoints(["ngram=http://127.0.0.1:9", "none=http://127.0.0.1:8"])
+    plain = {c.cell_id for c in expand_endpoint_cells(spec, eps)}
+    apply_arrivals(spec, "logged:2")
+    cells = expand_endpoint_cells(spec, eps)
+    assert cells and all(c.arrivals == "logged:2" and ".ep-logged2." in c.cell_id for c in cells)
+    assert all(c.describe(spec)["load"]["arrivals"] == "logged:2" for c in cells)
+    assert not plain & {c.cell_id for c in cells}  # a replay is its own cell, never a resumed rate cell

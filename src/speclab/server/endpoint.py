@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from speclab.atomic import atomic_write_text
-from speclab.bench.cells import digest
+from speclab.bench.cells import digest, mix_fingerprint
 from speclab.bench.preflight import PromptSet
 from speclab.bench.results import ResultsStore, write_run_files
 from speclab.bench.runner import SweepOutcome
@@ -117,14 +117,17 @@ def expand_endpoint_cells(spec: SweepSpec, endpoints: list[Endpoint]) -> list[En
     if sv is None:
         raise ConfigError(f"{spec.source}: --endpoint needs a [server] table (request_rates / concurrency)")
     n = sv.num_prompts or spec.num_prompts
-    loads = [(r, None) for r in sv.request_rates] + [(None, c) for c in sv.concurrency]
+    loads: list[tuple[float | None, int | None, str | None]] = [(r, None, None) for r in sv.request_rates]
+    loads += [(None, c, None) for c in sv.concurrency]
+    if sv.arrivals:
+        loads.append((None, None, sv.arrivals))
     cells: list[EndpointCell] = []
     for ep in endpoints:
         method = MethodEntry(name=BASELINE_LABEL if ep.label == BASELINE_LABEL else "endpoint", k=None)
         method.label = ep.label
         for w in spec.workloads:
             fp = file_fingerprint(w, spec.workload_files)
-            for (rate, conc), st in ((ld, st) for ld in loads for st in sweep_settings(spec)):
+            for (rate, conc, arr), st in ((ld, st) for ld in loads for st in sweep_settings(spec)):
                 common: dict[str, Any] = {
                     "mode": "endpoint",
                     "target": spec.target,
@@ -135,13 +138,17 @@ def expand_endpoint_cells(spec: SweepSpec, endpoints: list[Endpoint]) -> list[En
                     "max_prompt_tokens": spec.prompt_budget,
                     "seed": spec.seed,
                     "load": {"request_rate": rate, "concurrency": conc, "burstiness": sv.burstiness},
+                    **({"arrivals": arr} if arr else {}),
                     "ignore_eos": sv.ignore_eos,
                     "slo": sv.slo,
                     "file_sha256": fp,
+                    **({"mix": mix_fingerprint(spec, w)} if w in spec.workload_mixes else {}),
                     "sampling": None if st.is_default else st.key(),
                 }
                 h = digest({"common": common, "endpoint": ep.url, "label": ep.label})
                 load = f"ep-r{rate:g}" if rate is not None else f"ep-c{conc}"
+                if arr:
+                    load = "ep-" + arr.replace(":", "")
                 load += f".{st.tag()}" if st.tag() else ""
                 cells.append(
                     EndpointCell(
@@ -155,6 +162,7 @@ def expand_endpoint_cells(spec: SweepSpec, endpoints: list[Endpoint]) -> list[En
                         baseline_key=digest(common),
                         setting=st,
                         endpoint=ep,
+                        arrivals=arr,
                     )
                 )
     return cells
