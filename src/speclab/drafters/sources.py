@@ -1,0 +1,97 @@
+"""Where a drafter's training and evaluation prompts come from, by source name:
+
+- a built-in workload (`offline-chat`, ...): drawn with the training seed, the bench/demo draws held out by id
+  (speclab.drafters.data);
+- a standard-library corpus source (`stdlib-explain`, ...: speclab.drafters.corpus), split by content into a
+  training side and a held-out side;
+- the user's own traffic, `file:PATH` (a prompts file or request log, as bench reads it): split by content
+  (the normalised text of the request), so a request repeated in the log is on one side only; the held-out
+  side, about EVAL_FILE_PERMILLE per mille of the distinct requests, is the drafter's evaluation set there.
+
+Training prompts of corpus and file sources are deduplicated against every evaluation set by content
+(speclab.drafters.similarity.Deduper): exact normalised text for all, and for the corpus also near
+duplicates (most of their word 8-grams found in an evaluation prompt).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any
+
+from speclab.drafters.corpus import SOURCES, corpus_prompts
+from speclab.drafters.similarity import Deduper, normalize, prompt_text
+
+FILE_PREFIX = "file:"
+EVAL_FILE_PERMILLE = 200
+CORPUS_HOLDOUT = 128  # held-out prompts per corpus source that training is deduplicated against
+CORPUS_EVAL_SEED = 42
+
+
+def source_kind(name: str) -> str:
+    """ "stdlib", "file" or "workload"."""
+    if name in SOURCES:
+        return "stdlib"
+    if name.startswith(FILE_PREFIX):
+        return "file"
+    return "workload"
+
+
+def _side(p: Any) -> bool:
+    """Whether a request is on the held-out side (by its normalised text)."""
+    h = hashlib.sha1(normalize(prompt_text(p)).encode("utf-8")).hexdigest()
+    return int(h[:8], 16) % 1000 < EVAL_FILE_PERMILLE
+
+
+def file_split(name: str, held: bool, seed: int) -> list[Any]:
+    """One side of a file source's split by content, in an order seeded by `seed` (a larger draw starts with
+    a smaller one). Requests with equal normalised text are one request."""
+    from speclab.workloads.registry import load_workload
+
+    seen: set[str] = set()
+    side = []
+    for p in load_workload(name, limit=None, seed=0):
+        key = normalize(prompt_text(p))
+        if key in seen:
+            continue
+        seen.add(key)
+        if _side(p) == held:
+            side.append(p)
+    random.Random(f"{seed}/{name}").shuffle(side)
+    return side
+
+
+def source_training(name: str, limit: int, seed: int) -> list[Any]:
+    """Training-side candidates of a corpus or file source (at most `limit`)."""
+    if source_kind(name) == "stdlib":
+        return corpus_prompts(name, limit, seed, held=False)
+    return file_split(name, held=False, seed=seed)[:limit]
+
+
+def source_eval(name: str, n: int, seed: int) -> list[Any]:
+    """The held-out evaluation prompts of a corpus or file source."""
+    if source_kind(name) == "stdlib":
+        return corpus_prompts(name, n, seed, held=True)
+    return file_split(name, held=True, seed=seed)[:n]
+
+
+def evaluation_sets(names: list[str]) -> list[Any]:
+    """Every evaluation set a training prompt must not duplicate: the bench/demo draws of every built-in
+    offline workload, and the held-out sides of the named corpus and file sources."""
+    from speclab.drafters.data import OFFLINE_WORKLOADS, heldout_prompts
+
+    out = list(heldout_prompts(OFFLINE_WORKLOADS))
+    for w in names:
+        kind = source_kind(w)
+        if kind == "stdlib":
+            out += corpus_prompts(w, CORPUS_HOLDOUT, CORPUS_EVAL_SEED, held=True)
+        elif kind == "file":
+            out += file_split(w, held=True, seed=0)
+    return out
+
+
+def dedup_training(name: str, cands: list[Any], dedup: Deduper) -> tuple[list[Any], int]:
+    """(kept, dropped): candidates of one source that duplicate no evaluation prompt."""
+    near = source_kind(name) == "stdlib"
+    kept = [p for p in cands if not dedup.duplicate(p, near=near)]
+    return kept, len(cands) - len(kept)
