@@ -85,12 +85,47 @@ def summarize_steps(by: dict[str, list[int]], k: int) -> dict[str, Any]:
     return res
 
 
-def replay_metrics(head: Eagle3Head, seqs: list[Sequence], k: int = 3) -> dict[str, Any]:
-    """Metrics per workload and over all: steps, first_acceptance, tokens_per_step, per-position rates."""
+TRAINING_SOURCES = "training-sources"  # held-out prompts of the sources the drafter was trained on
+LEFT_OUT = "left-out"  # prompts of sources left out of training entirely
+
+
+def add_steps(by: dict[str, list[int]], source: str, steps: list[int], left_out: frozenset[str]) -> None:
+    """Group one sequence's steps under its source, "all", and (when some evaluation source was left out of
+    training) under LEFT_OUT or TRAINING_SOURCES."""
+    by[source] += steps
+    by["all"] += steps
+    if left_out:
+        by[LEFT_OUT if source in left_out else TRAINING_SOURCES] += steps
+
+
+def replay_metrics(
+    head: Eagle3Head, seqs: list[Sequence], k: int = 3, left_out: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """Metrics per source (workload), over all, and over the sources in / left out of training: steps,
+    first_acceptance, tokens_per_step, per-position rates."""
     accs = chain_accepts(head, seqs, k)
     by: dict[str, list[int]] = defaultdict(list)
     for s, acc in zip(seqs, accs, strict=True):
-        steps = step_replay(acc, s.out_start, len(s.tokens), k)
-        by[s.workload] += steps
-        by["all"] += steps
+        add_steps(by, s.workload, step_replay(acc, s.out_start, len(s.tokens), k), left_out)
     return summarize_steps(by, k)
+
+
+def left_out_sources(recipe: Any) -> frozenset[str]:
+    """The recipe's evaluation sources it does not train on (a recipe object or its manifest dict)."""
+    r = recipe if isinstance(recipe, dict) else vars(recipe)
+    return frozenset(w for w in r["eval_workloads"] if w not in r["workloads"])
+
+
+def evaluation_by_source(final: dict[str, Any] | None, recipe: Any) -> dict[str, Any]:
+    """The final held-out metrics keyed by source, each marked left_out (not a training source) or not,
+    and the two pooled groups: what a manifest's `evaluation` holds."""
+    final = final or {}
+    out: dict[str, Any] = {"sources": {}}
+    gone = left_out_sources(recipe)
+    for w in (recipe if isinstance(recipe, dict) else vars(recipe))["eval_workloads"]:
+        if isinstance(final.get(w), dict):
+            out["sources"][w] = {"left_out": w in gone, **final[w]}
+    for g in (TRAINING_SOURCES, LEFT_OUT):
+        if isinstance(final.get(g), dict):
+            out[g] = final[g]
+    return out

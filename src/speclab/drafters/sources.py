@@ -19,8 +19,8 @@ import hashlib
 import random
 from typing import Any
 
-from speclab.drafters.corpus import SOURCES, corpus_prompts
-from speclab.drafters.similarity import Deduper, normalize, prompt_text
+from speclab.drafters.corpus import SOURCES, corpus_prompts, describe_source, python_version
+from speclab.drafters.similarity import Deduper, normalize, prompt_text, similarity_report
 
 FILE_PREFIX = "file:"
 EVAL_FILE_PERMILLE = 200
@@ -95,3 +95,51 @@ def dedup_training(name: str, cands: list[Any], dedup: Deduper) -> tuple[list[An
     near = source_kind(name) == "stdlib"
     kept = [p for p in cands if not dedup.duplicate(p, near=near)]
     return kept, len(cands) - len(kept)
+
+
+def source_identity(recipe: Any) -> dict[str, Any]:
+    """What a cache key takes from the recipe's corpus and file sources beyond their names: the Python
+    version (its standard library is the corpus) and each file's content digest. Empty for built-in
+    workloads alone, so those recipes keep their keys."""
+    from speclab.workloads.files import file_fingerprint
+
+    names = sorted(set(recipe.workloads) | set(recipe.eval_workloads))
+    out: dict[str, Any] = {}
+    if any(source_kind(w) == "stdlib" for w in names):
+        out["python"] = python_version()
+    files = {w: file_fingerprint(w, {}) for w in names if source_kind(w) == "file"}
+    if files:
+        out["files"] = files
+    return out
+
+
+def source_stats(
+    recipe: Any, train_p: list[Any], held_p: list[Any], dropped: dict[str, int]
+) -> dict[str, Any]:
+    """The training manifest's account of its sources: per training source what it is and how many prompts
+    (and how many were dropped as duplicates of evaluation prompts); per evaluation source how many
+    prompts and whether it was left out of training; each evaluation prompt's similarity to its nearest
+    training prompt (speclab.drafters.similarity), summarised per evaluation source."""
+    counts: dict[str, int] = {}
+    for p in train_p:
+        counts[p.workload] = counts.get(p.workload, 0) + 1
+    sources = {
+        w: {
+            **describe_source(w),
+            "train_prompts": counts.get(w, 0),
+            "dropped_as_duplicates": dropped.get(w, 0),
+        }
+        for w in recipe.workloads
+    }
+    held: dict[str, int] = {}
+    for p in held_p:
+        held[p.workload] = held.get(p.workload, 0) + 1
+    evaluation = {
+        w: {**describe_source(w), "prompts": held.get(w, 0), "left_out": w not in recipe.workloads}
+        for w in recipe.eval_workloads
+    }
+    return {
+        "sources": sources,
+        "evaluation_sources": evaluation,
+        "heldout_similarity": similarity_report(held_p, train_p),
+    }
