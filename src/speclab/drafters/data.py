@@ -86,8 +86,8 @@ def training_prompts(workloads: dict[str, int], seed: int, report: dict[str, Any
     for w, n in workloads.items():
         # draws are lazy (a larger draw starts with a smaller one), so n prompts are a prefix of 2n prompts
         if dedup is not None and source_kind(w) != "workload":
-            kept, dropped = dedup_training(w, source_training(w, n * 2 + 50, seed + TRAIN_SEED_OFFSET), dedup)
-            kept = kept[:n]
+            cands = source_training(w, n * 2 + 50, seed + TRAIN_SEED_OFFSET)
+            kept, dropped = dedup_training(w, cands, dedup, n)
             if report is not None:
                 report[w] = dropped
             where = "after removing duplicates of evaluation prompts"

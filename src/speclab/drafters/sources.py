@@ -90,11 +90,20 @@ def evaluation_sets(names: list[str]) -> list[Any]:
     return out
 
 
-def dedup_training(name: str, cands: list[Any], dedup: Deduper) -> tuple[list[Any], int]:
-    """(kept, dropped): candidates of one source that duplicate no evaluation prompt."""
+def dedup_training(name: str, cands: list[Any], dedup: Deduper, n: int) -> tuple[list[Any], int]:
+    """(kept, dropped): the first `n` candidates of one source that duplicate no evaluation prompt, and how
+    many were passed over on the way."""
     near = source_kind(name) == "stdlib"
-    kept = [p for p in cands if not dedup.duplicate(p, near=near)]
-    return kept, len(cands) - len(kept)
+    kept: list[Any] = []
+    dropped = 0
+    for p in cands:
+        if len(kept) >= n:
+            break
+        if dedup.duplicate(p, near=near):
+            dropped += 1
+        else:
+            kept.append(p)
+    return kept, dropped
 
 
 def source_identity(recipe: Any) -> dict[str, Any]:

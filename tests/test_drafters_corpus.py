@@ -1,0 +1,269 @@
+"""speclab.drafters' training sources: the standard-library corpus (deterministic, split by content),
+deduplication against evaluation prompts, the nearest-prompt similarity, the user's file split by content,
+and the held-out figures keyed by source with the left-out flag. The corpus tests read a small library made
+here (the real standard library is read once, briefly)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import random
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import speclab.drafters.corpus as corpus
+import speclab.drafters.data as data
+from speclab.drafters.corpus import SOURCES, corpus_prompts, stdlib_files
+from speclab.drafters.similarity import Deduper, nearest, prompt_text, similarity_report
+from speclab.drafters.sources import file_split, source_kind
+from speclab.workloads.base import Prompt, user
+
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "record",
+    "stream",
+    "key",
+    "value",
+    "order",
+    "cache",
+    "buffer",
+    "socket",
+    "parser",
+    "token",
+    "line",
+]
+
+
+class _Doc:
+    """A paragraph of its own words per name (so no two paragraphs are near duplicates)."""
+
+    @staticmethod
+    def format(w: str) -> str:
+        rng = random.Random(w)
+        words = [rng.choice(WORDS) + str(rng.randrange(1000)) for _ in range(40)]
+        return f"The {w} helper returns them grouped by key. " + " ".join(words) + "."
+
+
+DOC = _Doc()
+
+
+def _module(i: int) -> str:
+    funcs = []
+    for j in range(6):
+        w = f"w{i}x{j}"
+        funcs.append(
+            f'def f_{w}(items, limit={100 + j}, step={7 + i}):\n    """{DOC.format(w=w)}\n\n'
+            f'    It stops after {40 + j} records and pads to {16 + i} columns.\n    """\n'
+            f"    out = []\n    for n, item in enumerate(items):\n        if n >= limit:\n"
+            f"            break\n        out.append((item, n * step + {j}))\n    return out\n"
+        )
+    head = (
+        f'"""Module m{i}: {DOC.format(w=f"mod{i}")}\n\nMore text about module {i}: {DOC.format(w="z")}"""\n\n'
+    )
+    return head + "\n\n".join(funcs)
+
+
+@pytest.fixture()
+def lib(tmp_path: Path) -> Path:
+    root = tmp_path / "lib"
+    (root / "pkg").mkdir(parents=True)
+    (root / "test").mkdir()
+    for i in range(12):
+        (root / f"m{i}.py").write_text(_module(i))
+    (root / "pkg" / "__init__.py").write_text(_module(12))
+    (root / "test" / "test_x.py").write_text(_module(13))  # tests are not material
+    return root
+
+
+def _texts(ps: list[Prompt]) -> list[str]:
+    return [prompt_text(p) for p in ps]
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_corpus_is_deterministic_under_the_seed_and_grows_by_prefix(lib: Path, source: str) -> None:
+    a = corpus_prompts(source, 8, seed=3, root=lib)
+    assert a and _texts(a) == _texts(corpus_prompts(source, 8, seed=3, root=lib))
+    big = corpus_prompts(source, 20, seed=3, root=lib)
+    assert _texts(big[: len(a)]) == _texts(a)  # a larger draw starts with the smaller one
+    assert all(p.workload == source and p.meta["source"] == source for p in big)
+    assert len({p.id for p in big}) == len(big)
+    assert all("m13" not in p.meta["module"] and "test" not in p.meta["module"] for p in big)
+    if source != "stdlib-summarize":  # one module docstring per file: too few to reorder
+        assert _texts(corpus_prompts(source, 8, seed=4, root=lib)) != _texts(a)
+
+
+def test_corpus_kinds_say_what_they_ask(lib: Path) -> None:
+    explain = corpus_prompts("stdlib-explain", 3, 0, root=lib)[0].messages[0]["content"]
+    assert "```python\ndef f_" in explain and "grouped by key" not in explain  # docstring removed
+    complete = corpus_prompts("stdlib-complete", 3, 0, root=lib)[0].messages[0]["content"]
+    assert "grouped by key" in complete and "out.append" not in complete  # signature + docstring only
+    math = corpus_prompts("stdlib-math", 3, 0, root=lib)[0].messages[0]["content"]
+    assert "This line appears in" in math and "Explain each step." in math
+
+
+def test_held_out_side_shares_no_material_with_training(lib: Path) -> None:
+    for source in SOURCES:
+        train = corpus_prompts(source, 500, 0, root=lib)
+        held = corpus_prompts(source, 500, 42, held=True, root=lib)
+        assert not set(_texts(train)) & set(_texts(held))
+        assert not {p.id for p in train} & {p.id for p in held}
+    paras = corpus_prompts("stdlib-docqa", 500, 0, root=lib) + corpus_prompts(
+        "stdlib-docqa", 500, 1, root=lib
+    )
+    held = corpus_prompts("stdlib-docqa", 500, 42, held=True, root=lib)
+    # the same paragraph with another question is still on its own side
+    body = {t.split("\n\n")[1] for t in _texts(paras)}
+    assert not body & {t.split("\n\n")[1] for t in _texts(held)}
+
+
+def test_real_standard_library_files_are_found() -> None:
+    files = stdlib_files()
+    names = {f.name for f in files}
+    assert "textwrap.py" in names and not any(f.name.startswith("test_") for f in files)
+    ps = corpus_prompts("stdlib-docqa", 4, 0)
+    assert len(ps) == 4 and ps == corpus_prompts("stdlib-docqa", 4, 0)
+
+
+def test_dedup_drops_an_evaluation_prompt_planted_in_the_corpus(lib: Path, monkeypatch) -> None:
+    monkeypatch.setattr(corpus, "stdlib_root", lambda: lib)
+    evals = [
+        Prompt("e1", "offline-chat", "chat", [user("Tell me about the weather in Paris in May, please.")])
+    ]
+    monkeypatch.setattr(data, "heldout_prompts", lambda workloads=(): evals)
+    before: dict[str, int] = {}
+    base = data.training_prompts({"stdlib-docqa": 6}, seed=0, report=before)
+    planted = base[2]
+    eval_twin = Prompt("e2", "x", "qa", [user("  " + prompt_text(planted).upper() + " ")])
+    near = Prompt("e3", "x", "qa", [user(prompt_text(base[4]) + " Thanks!")])
+    monkeypatch.setattr(data, "heldout_prompts", lambda workloads=(): evals + [eval_twin, near])
+    dropped: dict[str, int] = {}
+    again = data.training_prompts({"stdlib-docqa": 6}, seed=0, report=dropped)
+    ids = {p.id for p in again}
+    assert planted.id not in ids and base[4].id not in ids and len(again) == 6
+    assert dropped["stdlib-docqa"] == before["stdlib-docqa"] + 2
+    d = Deduper([eval_twin])
+    assert d.duplicate(planted) and not d.duplicate(base[0])
+    assert Deduper([near]).duplicate(base[4]) and not Deduper([near]).duplicate(base[4], near=False)
+
+
+def test_nearest_similarity_is_difflibs_best_ratio() -> None:
+    train = ["the cat sat on the mat", "a dog ran in the park", "completely different text here!"]
+    held = ["the cat sat on a mat", "dogs run in parks", "zzz"]
+    brute = [max(difflib.SequenceMatcher(None, h, t).ratio() for t in train) for h in held]
+    assert nearest(held, train) == [round(b, 4) for b in brute]
+    assert nearest(["x"], []) == [0.0]
+    hp = [Prompt(f"h{i}", "w" if i else "v", "chat", [user(t)]) for i, t in enumerate(held)]
+    rep = similarity_report(hp, [Prompt(f"t{i}", "t", "chat", [user(t)]) for i, t in enumerate(train)])
+    assert set(rep) == {"v", "w"} and rep["v"]["prompts"] == 1 and rep["w"]["prompts"] == 2
+    assert rep["v"]["twins"] == 1 and rep["w"]["max"] == max(rep["w"]["nearest"])
+
+
+def _log(tmp_path: Path, n: int = 60) -> Path:
+    rows = []
+    for i in range(n):
+        rows.append(
+            {"custom_id": f"r{i}", "body": {"messages": [user(f"request number {i} about topic {i % 7}")]}}
+        )
+        if i % 5 == 0:  # the same request again, under another id and spacing
+            rows.append(
+                {
+                    "custom_id": f"d{i}",
+                    "body": {"messages": [user(f"request  number {i} about topic {i % 7} ")]},
+                }
+            )
+    path = tmp_path / "log.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def test_file_split_is_by_content_and_deterministic(tmp_path: Path) -> None:
+    name = f"file:{_log(tmp_path)}"
+    assert source_kind(name) == "file"
+    train, held = file_split(name, False, 0), file_split(name, True, 42)
+    norm = [" ".join(prompt_text(p).lower().split()) for p in train + held]
+    assert len(set(norm)) == len(norm) == 60  # each distinct request once, on one side only
+    assert 3 <= len(held) <= 25
+    assert [p.id for p in file_split(name, False, 0)] == [p.id for p in train]
+    assert [p.id for p in file_split(name, False, 1)] != [p.id for p in train]
+    assert {p.id for p in file_split(name, True, 7)} == {p.id for p in held}  # the seed only reorders
+
+
+def test_workload_prompts_take_a_file_and_it_is_evaluated(tmp_path: Path, monkeypatch) -> None:
+    from speclab.cli.drafters import apply_corpus, scaled_workloads
+    from speclab.drafters.train import EagleRecipe
+    from speclab.errors import ConfigError
+
+    path = _log(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    r = EagleRecipe()
+    apply_corpus(r, "offline", 1.0, ("file:log.jsonl=20,offline-math=0",))
+    name = f"file:{path.resolve()}"
+    assert r.workloads[name] == 20 and "offline-math" not in r.workloads
+    assert r.eval_workloads == ["offline-math", "offline-chat", name]
+    assert scaled_workloads({}, 1.0, ("stdlib-math=3",)) == {"stdlib-math": 3}
+    with pytest.raises(ConfigError, match="no such file"):
+        scaled_workloads({}, 1.0, ("file:missing.jsonl=3",))
+    monkeypatch.setattr(data, "heldout_prompts", lambda workloads=(): [])
+    train = data.training_prompts({name: 20}, seed=0)
+    held = data.eval_prompts([name], 100, seed=42)
+    assert len(train) == 20 and held
+    assert not {prompt_text(p) for p in train} & {prompt_text(p) for p in held}
+    with pytest.raises(ConfigError, match="only"):
+        data.training_prompts({name: 100}, seed=0)
+
+
+def test_corpus_recipe_keys_name_the_python_version(monkeypatch) -> None:
+    from speclab.drafters.train import CORPORA, EagleRecipe
+
+    plain = EagleRecipe()
+    assert plain.key("t") == EagleRecipe().key("t")
+    w, e = CORPORA["stdlib"]
+    r = EagleRecipe(workloads=dict(w), eval_workloads=list(e))
+    k = r.key("t")
+    monkeypatch.setattr("speclab.drafters.sources.python_version", lambda: "0.0.0")
+    assert r.key("t") != k and plain.key("t") == EagleRecipe().key("t")
+
+
+def test_figures_are_keyed_by_source_with_the_left_out_flag() -> None:
+    from speclab.drafters.evaluate import (
+        LEFT_OUT,
+        TRAINING_SOURCES,
+        add_steps,
+        evaluation_by_source,
+        summarize_steps,
+    )
+    from speclab.drafters.train import EagleRecipe
+
+    r = EagleRecipe(workloads={"stdlib-docqa": 4}, eval_workloads=["stdlib-docqa", "offline-chat"])
+    by: dict[str, list[int]] = {}
+    from collections import defaultdict
+
+    by = defaultdict(list)
+    add_steps(by, "stdlib-docqa", [3, 3], frozenset({"offline-chat"}))
+    add_steps(by, "offline-chat", [0, 1], frozenset({"offline-chat"}))
+    final = summarize_steps(by, 3)
+    assert final[TRAINING_SOURCES]["tokens_per_step"] == 4.0 and final[LEFT_OUT]["tokens_per_step"] == 1.5
+    ev = evaluation_by_source(final, r)
+    assert ev["sources"]["stdlib-docqa"]["left_out"] is False
+    assert ev["sources"]["offline-chat"]["left_out"] is True
+    assert ev["sources"]["offline-chat"]["per_position"] == [0.5, 0.0, 0.0]
+    assert ev[LEFT_OUT] == final[LEFT_OUT]
+    assert (
+        evaluation_by_source(final, {"workloads": {"offline-chat": 1}, "eval_workloads": ["offline-chat"]})[
+            "sources"
+        ]["offline-chat"]["left_out"]
+        is False
+    )
+    plain = defaultdict(list)
+    add_steps(plain, "offline-chat", [1], frozenset())
+    assert set(plain) == {"offline-chat", "all"}  # nothing left out: no pooled groups
+
+
+def test_module_docstring_names_the_sources() -> None:
+    doc = textwrap.dedent(corpus.__doc__ or "")
+    assert all(s in doc for s in SOURCES)
