@@ -267,3 +267,75 @@ def test_figures_are_keyed_by_source_with_the_left_out_flag() -> None:
 def test_module_docstring_names_the_sources() -> None:
     doc = textwrap.dedent(corpus.__doc__ or "")
     assert all(s in doc for s in SOURCES)
+
+
+def test_train_eagle_on_the_corpus_reports_sources_and_left_out_figures(lib, tmp_path, monkeypatch) -> None:
+    """The whole trainer on the corpus (a tiny random target; generation replaced by its own greedy
+    sequences): the manifest lists the sources, the similarity and the figures keyed by source."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from click.testing import CliRunner
+
+    import speclab.drafters.train as tr
+    from helpers import tiny_llama
+    from speclab.cli import cli
+    from speclab.drafters.data import Sequence, greedy_with_features
+
+    torch.set_num_threads(1)
+    target = tiny_llama(0, vocab=50)
+    rng = random.Random(0)
+    toks = [[rng.randrange(50) for _ in range(rng.randrange(3, 9))] for _ in range(8)]
+    seqs = [
+        Sequence(str(i), "w", *r) for i, r in enumerate(greedy_with_features(target, toks, [0, 1], 12, {49}))
+    ]
+    tdir = tmp_path / "target"
+    tdir.mkdir()
+    (tdir / "config.json").write_text(json.dumps(target.config.to_dict()))
+
+    def fake_build(model, tok, prompts, aux, max_new, max_prompt, batch_size=8, log=None):
+        return [
+            Sequence(**{**seqs[i % len(seqs)].__dict__, "prompt_id": p.id, "workload": p.workload})
+            for i, p in enumerate(prompts)
+        ]
+
+    chat = [
+        Prompt(f"c{i}", "offline-chat", "chat", [user(f"chat prompt {i} about cooking")]) for i in range(3)
+    ]
+    monkeypatch.setattr(corpus, "stdlib_root", lambda: lib)
+    monkeypatch.setattr(data, "heldout_prompts", lambda workloads=(): chat)
+    monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed: data.eval_prompts(w[:1], 3, seed) + chat)
+    monkeypatch.setattr(tr, "load_target", lambda name: (target, None, tdir))
+    monkeypatch.setattr(tr, "target_path", lambda name, prepare=True: tdir)
+    monkeypatch.setattr(tr, "build_sequences", fake_build)
+    workloads, _ = tr.CORPORA["stdlib"]
+    recipe = tr.EagleRecipe(
+        target="tiny",
+        workloads={w: 3 for w in workloads},
+        eval_workloads=["stdlib-explain", "offline-chat"],
+        draft_vocab=30,
+        epochs=1,
+        batch_size=4,
+        evals=1,
+        aux_layers=[0, 1],
+        max_new_tokens=8,
+    )
+    out = tr.train_eagle(recipe, cache_dir=str(tmp_path / "cache"), max_minutes=1.0)
+    m = json.loads((out / "speclab-manifest.json").read_text())
+    assert m["data"]["sources"]["stdlib-math"] == {
+        **corpus.describe_source("stdlib-math"),
+        "train_prompts": 3,
+        "dropped_as_duplicates": m["data"]["sources"]["stdlib-math"]["dropped_as_duplicates"],
+    }
+    assert m["data"]["evaluation_sources"]["offline-chat"]["left_out"] is True
+    assert m["data"]["evaluation_sources"]["stdlib-explain"]["left_out"] is False
+    sim = m["data"]["heldout_similarity"]
+    assert set(sim) == {"stdlib-explain", "offline-chat"} and all(0 <= r["max"] <= 1 for r in sim.values())
+    ev = m["evaluation"]
+    assert ev["sources"]["offline-chat"]["left_out"] and not ev["sources"]["stdlib-explain"]["left_out"]
+    assert ev["left-out"]["steps"] > 0 and ev["training-sources"]["steps"] > 0
+    shown = CliRunner().invoke(cli, ["drafters", "show", str(out)])
+    assert shown.exit_code == 0, shown.output
+    assert (
+        "offline-chat: first-position acceptance" in shown.output and "left out of training" in shown.output
+    )
+    assert "held out of a training source" in shown.output and "median similarity" in shown.output
