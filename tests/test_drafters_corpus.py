@@ -339,3 +339,42 @@ def test_train_eagle_on_the_corpus_reports_sources_and_left_out_figures(lib, tmp
         "offline-chat: first-position acceptance" in shown.output and "left out of training" in shown.output
     )
     assert "held out of a training source" in shown.output and "median similarity" in shown.output
+
+
+def test_report_shows_which_kind_each_drafter_figure_is(tmp_path: Path) -> None:
+    from speclab.report.data import ReportData
+    from speclab.report.drafters import section
+
+    def fig(a: float) -> dict:
+        return {"steps": 10, "first_acceptance": a, "tokens_per_step": 1 + a, "per_position": [a, a / 2, 0.0]}
+
+    d = tmp_path / "eagle3-abc"
+    d.mkdir()
+    manifest = {
+        "final": {
+            "stdlib-docqa": fig(0.5),
+            "offline-chat": fig(0.2),
+            "training-sources": fig(0.5),
+            "left-out": fig(0.2),
+            "all": fig(0.3),
+        },
+        "evaluation": {
+            "sources": {"stdlib-docqa": {"left_out": False}, "offline-chat": {"left_out": True}},
+        },
+        "data": {"heldout_similarity": {"stdlib-docqa": {"median": 0.31}, "offline-chat": {"median": 0.12}}},
+    }
+    (d / "speclab-manifest.json").write_text(json.dumps(manifest))
+    rows = [
+        {"method": "eagle3", "method_options": {"model": str(d)}},
+        {"method": "eagle3", "method_options": {"model": str(d)}},
+        {"method": "ngram", "method_options": {}},
+        {"method": "draft_model", "method_options": {"model": "no-such-drafter"}},
+    ]
+    html = "\n".join(section(ReportData(rows, None, None, {}, [], {})))
+    assert "Trained drafters" in html and html.count("eagle3-abc") == 4  # one row per source and pooled group
+    chat = next(line for line in html.split("<tr") if "offline-chat" in line)
+    assert "left out of training" in chat and "0.12" in chat
+    docqa = next(line for line in html.split("<tr") if "stdlib-docqa" in line)
+    assert "held out of a training source" in docqa and "0.31" in docqa
+    assert "pooled: sources left out of training" in html
+    assert section(ReportData(rows[2:], None, None, {}, [], {})) == []

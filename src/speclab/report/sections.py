@@ -20,6 +20,7 @@ from speclab.bench.show import contention_note
 from speclab.report import figures as F
 from speclab.report.analysis_sections import acceptance, adaptive, oracle, overlap
 from speclab.report.data import ReportData
+from speclab.report.drafters import section as drafters
 from speclab.report.html import esc, figure_or_missing, missing, table
 from speclab.report.recommend import CANNOT_TELL, MARGINAL, headline, stops_paying
 from speclab.report.sampling import has_sampling
@@ -369,6 +370,7 @@ SECTIONS = (
     temperature,
     time_and_memory,
     acceptance,
+    drafters,
     overlap,
     oracle,
     adaptive,
