@@ -81,7 +81,7 @@ def training_prompts(workloads: dict[str, int], seed: int, report: dict[str, Any
 
     held = heldout_ids(tuple(w for w in workloads if source_kind(w) == "workload"))
     others = [w for w in workloads if source_kind(w) != "workload"]
-    dedup = Deduper(evaluation_sets(others)) if others else None
+    dedup = Deduper(evaluation_sets(others, heldout_prompts(OFFLINE_WORKLOADS))) if others else None
     out = []
     for w, n in workloads.items():
         # draws are lazy (a larger draw starts with a smaller one), so n prompts are a prefix of 2n prompts

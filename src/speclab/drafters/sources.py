@@ -75,12 +75,10 @@ def source_eval(name: str, n: int, seed: int) -> list[Any]:
     return file_split(name, held=True, seed=seed)[:n]
 
 
-def evaluation_sets(names: list[str]) -> list[Any]:
-    """Every evaluation set a training prompt must not duplicate: the bench/demo draws of every built-in
-    offline workload, and the held-out sides of the named corpus and file sources."""
-    from speclab.drafters.data import OFFLINE_WORKLOADS, heldout_prompts
-
-    out = list(heldout_prompts(OFFLINE_WORKLOADS))
+def evaluation_sets(names: list[str], builtin: list[Any]) -> list[Any]:
+    """Every evaluation set a training prompt must not duplicate: `builtin` (the bench/demo draws of every
+    built-in offline workload) and the held-out sides of the named corpus and file sources."""
+    out = list(builtin)
     for w in names:
         kind = source_kind(w)
         if kind == "stdlib":
