@@ -211,17 +211,26 @@ def test_workload_prompts_take_a_file_and_it_is_evaluated(tmp_path: Path, monkey
     monkeypatch.setattr(data, "heldout_prompts", lambda workloads=(): [])
     train = data.training_prompts({name: 20}, seed=0)
     held = data.eval_prompts([name], 100, seed=42)
-    assert len(train) == 20 and held
+    assert len(train) == 20 and held and {p.workload for p in train + held} == {name}
     assert not {prompt_text(p) for p in train} & {prompt_text(p) for p in held}
     with pytest.raises(ConfigError, match="only"):
         data.training_prompts({name: 100}, seed=0)
 
 
 def test_corpus_recipe_keys_name_the_python_version(monkeypatch) -> None:
-    from speclab.drafters.train import CORPORA, EagleRecipe
+    import hashlib
+    from dataclasses import asdict
+
+    from speclab.drafters.distill import RECIPE_VERSION as DRAFT_VERSION
+    from speclab.drafters.distill import DraftRecipe
+    from speclab.drafters.train import CORPORA, RECIPE_VERSION, EagleRecipe
 
     plain = EagleRecipe()
-    assert plain.key("t") == EagleRecipe().key("t")
+    fields = {k: v for k, v in asdict(plain).items() if k not in ("head_layers", "soft_weight")}
+    before = hashlib.sha256(json.dumps([RECIPE_VERSION, fields, "t"], sort_keys=True).encode()).hexdigest()
+    assert plain.key("t") == before[:12]  # the offline recipe keeps the key it had: cached heads stay found
+    draft = json.dumps([DRAFT_VERSION, asdict(DraftRecipe()), "t"], sort_keys=True)
+    assert DraftRecipe().key("t") == hashlib.sha256(draft.encode()).hexdigest()[:12]
     w, e = CORPORA["stdlib"]
     r = EagleRecipe(workloads=dict(w), eval_workloads=list(e))
     k = r.key("t")
