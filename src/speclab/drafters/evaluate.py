@@ -69,11 +69,21 @@ def step_replay(acc: torch.Tensor, out_start: int, n: int, k: int) -> list[int]:
     return steps
 
 
+TRAINING_SOURCES = "training-sources"  # held-out prompts of the sources the drafter was trained on
+LEFT_OUT = "left-out"  # prompts of sources left out of training entirely
+
+
 def summarize_steps(by: dict[str, list[int]], k: int) -> dict[str, Any]:
-    """Accepted drafts per step, grouped (workload names and "all") -> steps, first_acceptance (share of
+    """Accepted drafts per step, grouped (sources, then the pooled groups and "all") -> steps, first_acceptance (share of
     steps whose first draft is accepted), tokens_per_step (mean a + 1) and per-position acceptance rates."""
     res: dict[str, Any] = {}
-    for w, steps in by.items():
+    last = (
+        TRAINING_SOURCES,
+        LEFT_OUT,
+        "all",
+    )  # sources first, in order of appearance, then the pooled groups
+    for w in [w for w in by if w not in last] + [w for w in last if w in by]:
+        steps = by[w]
         t = torch.tensor(steps, dtype=torch.float)
         n = max(len(steps), 1)
         res[w] = {
@@ -83,10 +93,6 @@ def summarize_steps(by: dict[str, list[int]], k: int) -> dict[str, Any]:
             "per_position": [round(float((t >= j + 1).sum()) / n, 4) for j in range(k)],
         }
     return res
-
-
-TRAINING_SOURCES = "training-sources"  # held-out prompts of the sources the drafter was trained on
-LEFT_OUT = "left-out"  # prompts of sources left out of training entirely
 
 
 def add_steps(by: dict[str, list[int]], source: str, steps: list[int], left_out: frozenset[str]) -> None:
