@@ -189,6 +189,8 @@ def _module_prompts(source: str, rng: random.Random, root: Path, path: Path) -> 
     if source in ("stdlib-explain", "stdlib-complete"):
         for name, code, bare, head in _functions(tree, src.splitlines()):
             if source == "stdlib-explain":
+                if bare.count("\n") < 2:  # a stub once its docstring is gone
+                    continue
                 items.append((code, rng.choice(EXPLAIN).format(mod=mod, name=name, code=bare)))
             elif head and len(head) >= 80:
                 items.append((code, rng.choice(COMPLETE).format(mod=mod, code=head)))

@@ -6,7 +6,7 @@ Two measures:
   quick_ratio is an upper bound of ratio, so candidates are tried in decreasing quick_ratio until none can
   beat the best found);
 - overlap, for deduplication at corpus scale: the share of a training prompt's word 8-grams found in any
-  evaluation prompt (`Deduper`), besides exact equality of the normalised text.
+  evaluation prompt, template frames aside (`Deduper`), besides exact equality of the normalised text.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from __future__ import annotations
 import difflib
 import hashlib
 import statistics
+from collections import Counter
 from typing import Any
 
 SHINGLE = 8  # words per shingle
 OVERLAP_LIMIT = 0.5  # a training prompt with this share of its shingles in evaluation prompts is dropped
+BOILERPLATE_DF = 3  # a shingle in this many evaluation prompts is a template's frame, not content
 MEASURE_CHARS = 2000  # texts are compared on their first this many characters (bounds difflib's cost)
 TWIN = 0.9  # a similarity at or above this counts as a near twin
 
@@ -46,15 +48,21 @@ def _h(s: str) -> int:
 
 class Deduper:
     """Decides whether a training prompt duplicates any evaluation prompt: equal normalised text, or (when
-    `near` is set) at least OVERLAP_LIMIT of its word 8-grams found in evaluation prompts."""
+    `near` is set) at least OVERLAP_LIMIT of its word 8-grams found in evaluation prompts. Word 8-grams that
+    occur in BOILERPLATE_DF or more evaluation prompts are the frame of a template (an instruction every
+    prompt of a kind repeats), not content, and are not counted on either side."""
 
     def __init__(self, eval_prompts: list[Any]) -> None:
         texts = [prompt_text(p) for p in eval_prompts]
         self.exact = {normalize(t) for t in texts}
-        self.shingles: set[int] = set().union(*(_shingles(t) for t in texts)) if texts else set()
+        df: Counter[int] = Counter()
+        for t in texts:
+            df.update(_shingles(t))
+        self.boilerplate = {h for h, c in df.items() if c >= BOILERPLATE_DF}
+        self.shingles = set(df) - self.boilerplate
 
     def overlap(self, p: Any) -> float:
-        sh = _shingles(prompt_text(p))
+        sh = _shingles(prompt_text(p)) - self.boilerplate
         return len(sh & self.shingles) / len(sh) if sh else 0.0
 
     def duplicate(self, p: Any, near: bool = True) -> bool:
