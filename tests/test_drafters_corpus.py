@@ -387,3 +387,13 @@ def test_report_shows_which_kind_each_drafter_figure_is(tmp_path: Path) -> None:
     assert "held out of a training source" in docqa and "0.31" in docqa
     assert "pooled: sources left out of training" in html
     assert section(ReportData(rows[2:], None, None, {}, [], {})) == []
+
+
+def test_dedup_does_not_count_a_templates_wording() -> None:
+    frame = "Read this passage from the documentation of the module and answer the question that follows it:"
+    evals = [Prompt(f"e{i}", "x", "qa", [user(f"{frame} passage {i} " + "word " * i)]) for i in range(4)]
+    d = Deduper(evals)
+    own = Prompt("t", "x", "qa", [user(f"{frame} a paragraph about sockets, buffers and timeouts in detail")])
+    assert d.overlap(own) == 0.0 and not d.duplicate(own)  # only the frame is shared
+    twin = Prompt("u", "x", "qa", [user(prompt_text(evals[3]) + " now")])
+    assert d.duplicate(twin)
