@@ -1,8 +1,11 @@
 """How far the drafters' held-out prompts are from their training prompts: for each held-out prompt of a
-workload (the demo/bench draw, seed 42), the difflib similarity ratio of its text to the most similar
-training prompt of `speclab.drafters.data.training_prompts`, at several training-set sizes.
+workload or training source (the demo/bench draw, seed 42; for a corpus or file source its held-out side),
+the difflib similarity ratio of its text to the most similar training prompt of
+`speclab.drafters.data.training_prompts`, at several training-set sizes (the measure every training manifest
+reports as heldout_similarity: speclab.drafters.similarity, on each text's first 2,000 characters).
 
     python benchmarks/heldout_similarity.py [--workload offline-chat] [--sizes 64,256,512,1024] [--heldout 16]
+    python benchmarks/heldout_similarity.py --workload stdlib-docqa --sizes 64,256
 
 Templated workloads (the offline-* stand-ins) have near twins in training that differ in one slot; the share
 of held-out prompts with a twin above 0.9 says how much of a held-out acceptance figure is coverage of the
@@ -12,23 +15,12 @@ same frames rather than generalisation (docs/drafters.md, "16x chat data").
 from __future__ import annotations
 
 import argparse
-import difflib
 import statistics
 import sys
-from typing import Any
 
 from speclab.drafters.data import eval_prompts, training_prompts
-
-
-def prompt_text(p: Any) -> str:
-    msgs = getattr(p, "messages", None)
-    if msgs:
-        return " | ".join(str(m["content"]) for m in msgs)
-    return str(getattr(p, "prompt", p))
-
-
-def best_similarity(heldout: list[str], train: list[str]) -> list[float]:
-    return [max(difflib.SequenceMatcher(None, h, t).ratio() for t in train) for h in heldout]
+from speclab.drafters.similarity import nearest as best_similarity
+from speclab.drafters.similarity import prompt_text
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -320,7 +320,7 @@ def test_train_eagle_saves_a_manifest_and_reuses_the_cache(target, seqs, tmp_pat
 
     monkeypatch.setattr(tr, "load_target", lambda name: (target, None, tdir))
     monkeypatch.setattr(tr, "target_path", lambda name, prepare=True: tdir)
-    monkeypatch.setattr(tr, "training_prompts", lambda w, seed: prompts(8, "t"))
+    monkeypatch.setattr(tr, "training_prompts", lambda w, seed, report=None: prompts(8, "t"))
     monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed: prompts(4, "e"))
     monkeypatch.setattr(tr, "build_sequences", fake_build)
     recipe = EagleRecipe(target="tiny", draft_vocab=30, epochs=2, batch_size=4, evals=1, aux_layers=AUX)
@@ -360,7 +360,8 @@ def test_scaling_one_workload_generates_only_its_new_chunks(target, seqs, tmp_pa
             for i, p in enumerate(prompts)
         ]
 
-    def draw(workloads: dict[str, int], seed: int) -> list:  # a larger draw starts with a smaller one
+    # a larger draw starts with a smaller one
+    def draw(workloads: dict[str, int], seed: int, report: dict | None = None) -> list:
         return [
             Prompt(f"{w}{i}", w, "chat", [{"role": "user", "content": str(i)}])
             for w, n in workloads.items()

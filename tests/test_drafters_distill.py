@@ -153,7 +153,7 @@ def fake_target(target, seqs, tmp_path, monkeypatch):
     for mod in (tr, di):
         monkeypatch.setattr(mod, "load_target", lambda name: (target, None, tdir))
         monkeypatch.setattr(mod, "target_path", lambda name, prepare=True: tdir)
-    monkeypatch.setattr(tr, "training_prompts", lambda w, seed: prompts(8, "t"))
+    monkeypatch.setattr(tr, "training_prompts", lambda w, seed, report=None: prompts(8, "t"))
     monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed: prompts(4, "e"))
     monkeypatch.setattr(tr, "build_sequences", fake_build)
     monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))

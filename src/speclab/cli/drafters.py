@@ -15,9 +15,19 @@ _WORKLOAD_PROMPTS = click.option(
     "--workload-prompts",
     "workload_prompts",
     multiple=True,
-    metavar="WORKLOAD=N",
-    help="Training prompts of one workload, e.g. offline-chat=256 (after --prompts-scale; repeatable; "
-    "N = 0 drops it). Scales one workload alone: the others' cached data is reused.",
+    metavar="SOURCE=N",
+    help="Training prompts of one source, e.g. offline-chat=256 or stdlib-docqa=64 (after --prompts-scale; "
+    "repeatable; N = 0 drops it). Scales one source alone: the others' cached data is reused. "
+    "file:PATH=N trains on your own traffic (a prompts file or request log): split by content, about a "
+    "fifth of the distinct requests held out and measured separately.",
+)
+_CORPUS = click.option(
+    "--corpus",
+    type=click.Choice(["offline", "stdlib"]),
+    default="offline",
+    show_default=True,
+    help="Training corpus: offline (the built-in offline workloads) or stdlib (prompts made from Python's "
+    "standard-library code and documentation; the offline workloads are then evaluated as left out).",
 )
 
 
@@ -62,6 +72,7 @@ def train_group() -> None:
     help="Share of the loss on the target's top-k distribution instead of its argmax (default 0).",
 )
 @_prompts_scale("head")
+@_CORPUS
 @_WORKLOAD_PROMPTS
 @click.option(
     "--max-new-tokens", type=int, default=None, help="Greedy tokens per training prompt (default 64)."
@@ -79,6 +90,7 @@ def train_eagle_cmd(
     head_layers: int | None,
     soft_weight: float | None,
     prompts_scale: float,
+    corpus: str,
     workload_prompts: tuple[str, ...],
     max_new_tokens: int | None,
     max_minutes: float | None,
@@ -94,7 +106,7 @@ def train_eagle_cmd(
     from speclab.errors import ConfigError
 
     recipe = EagleRecipe(target=target, seed=seed)
-    recipe.workloads = scaled_workloads(recipe.workloads, prompts_scale, workload_prompts)
+    apply_corpus(recipe, corpus, prompts_scale, workload_prompts)
     for name, value in (
         ("epochs", epochs),
         ("draft_vocab", draft_vocab),
@@ -135,6 +147,7 @@ def train_eagle_cmd(
 )
 @click.option("--epochs", type=int, default=None, help="Training epochs (default: the recipe's).")
 @_prompts_scale("draft")
+@_CORPUS
 @_WORKLOAD_PROMPTS
 @click.option(
     "--max-new-tokens", type=int, default=None, help="Greedy tokens per training prompt (default 64)."
@@ -150,6 +163,7 @@ def train_draft_cmd(
     layers: str | None,
     epochs: int | None,
     prompts_scale: float,
+    corpus: str,
     workload_prompts: tuple[str, ...],
     max_new_tokens: int | None,
     max_minutes: float | None,
@@ -166,7 +180,7 @@ def train_draft_cmd(
     from speclab.errors import ConfigError
 
     recipe = DraftRecipe(target=target, seed=seed)
-    recipe.workloads = scaled_workloads(recipe.workloads, prompts_scale, workload_prompts)
+    apply_corpus(recipe, corpus, prompts_scale, workload_prompts)
     for name, value in (("depth", depth), ("epochs", epochs), ("max_new_tokens", max_new_tokens)):
         if value is not None:
             if value < 1:
@@ -189,43 +203,85 @@ def train_draft_cmd(
     _summary(path)
 
 
-def scaled_workloads(base: dict[str, int], scale: float, overrides: tuple[str, ...]) -> dict[str, int]:
-    """Training prompts per workload: `base` times --prompts-scale, then the --workload-prompts W=N overrides
-    (comma-separated or repeated; N = 0 drops the workload)."""
+def apply_corpus(recipe: Any, corpus: str, scale: float, overrides: tuple[str, ...]) -> None:
+    """Set a recipe's training and evaluation sources: the named corpus's, scaled, with the overrides; a
+    file source is also evaluated (on the held-out side of its split)."""
+    from speclab.drafters.train import CORPORA
+
+    base, evals = CORPORA[corpus]
+    recipe.workloads = scaled_workloads(base, scale, overrides)
+    recipe.eval_workloads = list(evals) + [w for w in recipe.workloads if w.startswith("file:")]
+
+
+def _source_name(name: str, item: str) -> str:
+    from speclab.drafters.corpus import SOURCES
     from speclab.drafters.data import OFFLINE_WORKLOADS
+    from speclab.errors import ConfigError
+
+    if name.startswith("file:"):
+        path = Path(name[5:].strip()).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"--workload-prompts {item!r}: no such file {path}")
+        return f"file:{path.resolve()}"
+    if name not in OFFLINE_WORKLOADS and name not in SOURCES:
+        known = ", ".join(OFFLINE_WORKLOADS + tuple(SOURCES))
+        raise ConfigError(f"--workload-prompts {item!r}: unknown workload {name} (one of {known}, file:PATH)")
+    return name
+
+
+def scaled_workloads(base: dict[str, int], scale: float, overrides: tuple[str, ...]) -> dict[str, int]:
+    """Training prompts per source: `base` times --prompts-scale, then the --workload-prompts SOURCE=N
+    overrides (comma-separated or repeated; N = 0 drops the source; file:PATH=N adds the user's file)."""
     from speclab.errors import ConfigError
 
     if scale <= 0:
         raise ConfigError("--prompts-scale must be > 0")
     out = {w: max(1, round(n * scale)) for w, n in base.items()}
     for item in (x.strip() for o in overrides for x in o.split(",") if x.strip()):
-        name, eq, num = item.partition("=")
+        name, eq, num = item.rpartition("=")
         name = name.strip()
         try:
             n = int(num)
         except ValueError:
             n = -1
-        if not eq or n < 0:
+        if not eq or not name or n < 0:
             raise ConfigError(f"--workload-prompts {item!r}: expected WORKLOAD=N with N >= 0")
-        if name not in OFFLINE_WORKLOADS:
-            raise ConfigError(
-                f"--workload-prompts {item!r}: unknown workload {name} (one of {', '.join(OFFLINE_WORKLOADS)})"
-            )
-        out[name] = n
+        out[_source_name(name, item)] = n
     out = {w: n for w, n in out.items() if n > 0}
     if not out:
         raise ConfigError("--workload-prompts: no training prompts left")
     return out
 
 
+def figure_kind(manifest: dict[str, Any], group: str) -> str:
+    """What a held-out figure of a manifest measures: prompts of a training source held out, a source
+    left out of training entirely, or one of the pooled groups."""
+    from speclab.drafters.evaluate import LEFT_OUT, TRAINING_SOURCES
+
+    if group == TRAINING_SOURCES:
+        return "pooled: held out of the training sources"
+    if group == LEFT_OUT:
+        return "pooled: sources left out of training"
+    if group == "all":
+        return "pooled: every evaluation prompt"
+    src = manifest.get("evaluation", {}).get("sources", {}).get(group)
+    if src is None:
+        return "held out"
+    return "left out of training" if src.get("left_out") else "held out of a training source"
+
+
 def _summary(path: Path) -> None:
     m = json.loads((path / "speclab-manifest.json").read_text())
     final = m.get("final") or {}
+    sims = m.get("data", {}).get("heldout_similarity", {})
     for w, r in final.items():
         if isinstance(r, dict):
+            pos = " ".join(f"{x:.2f}" for x in r.get("per_position", []))
+            sim = f", nearest training prompt: median similarity {sims[w]['median']:.2f}" if w in sims else ""
             click.echo(
                 f"  {w}: first-position acceptance {r['first_acceptance']:.3f}, "
-                f"tokens/step {r['tokens_per_step']:.3f} (k={m['recipe']['k']}, {r['steps']} steps, held out)"
+                f"tokens/step {r['tokens_per_step']:.3f}, per position {pos} "
+                f"(k={m['recipe']['k']}, {r['steps']} steps, {figure_kind(m, w)}{sim})"
             )
     cost = m.get("cost")
     if cost:

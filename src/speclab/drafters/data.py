@@ -4,7 +4,8 @@ target's hidden states at chosen layers, its greedy label (argmax) and its top-k
 
 Held-out prompts: the prompts that bench and the demo draw (`load_workload(w, limit=N, seed=S)` for the seeds
 of the shipped sweep presets and the default seed) are excluded from training by id; training prompts are
-drawn with a different seed and filtered against that set.
+drawn with a different seed and filtered against that set. Corpus and file sources (speclab.drafters.sources)
+are split by content and deduplicated against every evaluation set.
 """
 
 from __future__ import annotations
@@ -48,47 +49,73 @@ def _sweep_draws() -> tuple[set[int], set[tuple[str, int, int]]]:
     return seeds, draws
 
 
-def heldout_ids(workloads: tuple[str, ...] = OFFLINE_WORKLOADS) -> set[str]:
-    """Ids of the prompts a bench or demo run with a shipped seed draws from these workloads: the first
-    HOLDOUT_LIMIT per seed, plus each shipped sweep's exact draw."""
+def heldout_prompts(workloads: tuple[str, ...] = OFFLINE_WORKLOADS) -> list[Any]:
+    """The prompts a bench or demo run with a shipped seed draws from these workloads: the first
+    HOLDOUT_LIMIT per seed, plus each shipped sweep's exact draw (repeats once)."""
     from speclab.workloads.registry import load_workload
 
     seeds, draws = _sweep_draws()
-    ids: set[str] = set()
+    out: dict[str, Any] = {}
     for w in workloads:
-        for seed in seeds:
-            ids.update(p.id for p in load_workload(w, limit=HOLDOUT_LIMIT, seed=seed))
-        for dw, n, seed in draws:
+        for seed in sorted(seeds):
+            out.update((p.id, p) for p in load_workload(w, limit=HOLDOUT_LIMIT, seed=seed))
+        for dw, n, seed in sorted(draws):
             if dw == w and n > HOLDOUT_LIMIT:
-                ids.update(p.id for p in load_workload(w, limit=n, seed=seed))
-    return ids
+                out.update((p.id, p) for p in load_workload(w, limit=n, seed=seed))
+    return list(out.values())
 
 
-def training_prompts(workloads: dict[str, int], seed: int) -> list[Any]:
-    """`workloads`: name -> number of prompts. Drawn with seed + TRAIN_SEED_OFFSET, held-out ids removed."""
+def heldout_ids(workloads: tuple[str, ...] = OFFLINE_WORKLOADS) -> set[str]:
+    """Ids of `heldout_prompts(workloads)`."""
+    return {p.id for p in heldout_prompts(workloads)}
+
+
+def training_prompts(workloads: dict[str, int], seed: int, report: dict[str, Any] | None = None) -> list[Any]:
+    """`workloads`: source name -> number of prompts (speclab.drafters.sources). Built-in workloads are drawn
+    with seed + TRAIN_SEED_OFFSET, held-out ids removed; corpus and file sources are deduplicated against
+    every evaluation set by content (`report`, when given, receives the number dropped per source)."""
+    from speclab.drafters.similarity import Deduper
+    from speclab.drafters.sources import dedup_training, evaluation_sets, source_kind, source_training
     from speclab.errors import ConfigError
     from speclab.workloads.registry import load_workload
 
-    held = heldout_ids(tuple(workloads))
+    held = heldout_ids(tuple(w for w in workloads if source_kind(w) == "workload"))
+    others = [w for w in workloads if source_kind(w) != "workload"]
+    dedup = Deduper(evaluation_sets(others, heldout_prompts(OFFLINE_WORKLOADS))) if others else None
     out = []
     for w, n in workloads.items():
         # draws are lazy (a larger draw starts with a smaller one), so n prompts are a prefix of 2n prompts
-        cands = load_workload(w, limit=n * 2 + 50, seed=seed + TRAIN_SEED_OFFSET)
-        kept = [p for p in cands if p.id not in held][:n]
+        if dedup is not None and source_kind(w) != "workload":
+            cands = source_training(w, n * 2 + 50, seed + TRAIN_SEED_OFFSET)
+            kept, dropped = dedup_training(w, cands, dedup, n)
+            if report is not None:
+                report[w] = dropped
+            where = "after removing duplicates of evaluation prompts"
+        else:
+            cands = load_workload(w, limit=n * 2 + 50, seed=seed + TRAIN_SEED_OFFSET)
+            kept = [p for p in cands if p.id not in held][:n]
+            where = "outside the held-out set"
         if len(kept) < n:
             raise ConfigError(
-                f"drafters: {w} has only {len(kept)} distinct training prompts outside the held-out set "
-                f"(asked for {n})"
+                f"drafters: {w} has only {len(kept)} distinct training prompts {where} (asked for {n})"
             )
         out += kept
     return out
 
 
 def eval_prompts(workloads: list[str], n: int, seed: int = 42) -> list[Any]:
-    """The held-out evaluation prompts: exactly what the demo/bench draws (seed 42 by default)."""
+    """The held-out evaluation prompts: exactly what the demo/bench draws (seed 42 by default) for built-in
+    workloads, the held-out side of the split for corpus and file sources."""
+    from speclab.drafters.sources import source_eval, source_kind
     from speclab.workloads.registry import load_workload
 
-    return [p for w in workloads for p in load_workload(w, limit=n, seed=seed)]
+    out = []
+    for w in workloads:
+        if source_kind(w) == "workload":
+            out += load_workload(w, limit=n, seed=seed)
+        else:
+            out += source_eval(w, n, seed)
+    return out
 
 
 @dataclass

@@ -33,9 +33,10 @@ from typing import Any
 import torch
 
 from speclab.drafters.data import Sequence, collate_topk
-from speclab.drafters.evaluate import summarize_steps
+from speclab.drafters.evaluate import add_steps, left_out_sources, summarize_steps
 from speclab.drafters.loop import cache_entry, fit, manifest_head, publish_drafter, start_run, target_identity
 from speclab.drafters.train import (
+    DEFAULT_EVAL,
     DEFAULT_WORKLOADS,
     data_stats,
     drafters_dir,
@@ -82,13 +83,16 @@ class DraftRecipe:
     epochs: int = 4
     tokens_per_batch: int = 1024
     lr: float = 1e-3
-    eval_workloads: list[str] = field(default_factory=lambda: ["offline-math", "offline-chat"])
+    eval_workloads: list[str] = field(default_factory=lambda: list(DEFAULT_EVAL))
     eval_prompts: int = 16
     eval_seed: int = 42  # the demo's seed: its prompts are exactly the held-out ones
     evals: int = 5  # points on the acceptance curve after the start
 
     def key(self, target_files: Any) -> str:
-        blob = json.dumps([RECIPE_VERSION, asdict(self), target_files], sort_keys=True)
+        from speclab.drafters.sources import source_identity
+
+        fields = {**asdict(self), **source_identity(self)}  # nothing added for built-in workloads alone
+        blob = json.dumps([RECIPE_VERSION, fields, target_files], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -182,7 +186,9 @@ def token_batches(seqs: list[Sequence], tokens_per_batch: int) -> list[list[int]
 # --- evaluation -----------------------------------------------------------------------------------------
 
 
-def replay_draft(student: Any, seqs: list[Sequence], k: int) -> dict[str, Any]:
+def replay_draft(
+    student: Any, seqs: list[Sequence], k: int, left_out: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """Held-out acceptance of a draft model with speclab.methods.draft_model's replay, walked through each
     output as vLLM steps (the walk `trace crosscheck` compares with vLLM), per workload and over all."""
     prop = DraftModelProposer(student)
@@ -191,8 +197,7 @@ def replay_draft(student: Any, seqs: list[Sequence], k: int) -> dict[str, Any]:
         toks = s.tokens.numpy()
         acc, proposed = prop.replay(toks[: s.out_start], toks[s.out_start :], k)
         steps = [a for _, a, _ in expected_engine_steps(acc, proposed, k)]  # walked as the engine walks
-        by[s.workload] += steps
-        by["all"] += steps
+        add_steps(by, s.workload, steps, left_out)
     return summarize_steps(by, k)
 
 
@@ -214,7 +219,7 @@ def train_student(
         return kl_loss(student, seqs)
 
     def metrics() -> dict[str, Any]:
-        return replay_draft(student, heldout, recipe.k) if heldout else {}
+        return replay_draft(student, heldout, recipe.k, left_out_sources(recipe)) if heldout else {}
 
     batches = token_batches(train, recipe.tokens_per_batch)
     return fit(student, train, batches, loss, metrics, recipe, log, max_minutes, ("train_kl", "train KL"))

@@ -69,11 +69,21 @@ def step_replay(acc: torch.Tensor, out_start: int, n: int, k: int) -> list[int]:
     return steps
 
 
+TRAINING_SOURCES = "training-sources"  # held-out prompts of the sources the drafter was trained on
+LEFT_OUT = "left-out"  # prompts of sources left out of training entirely
+
+
 def summarize_steps(by: dict[str, list[int]], k: int) -> dict[str, Any]:
-    """Accepted drafts per step, grouped (workload names and "all") -> steps, first_acceptance (share of
+    """Accepted drafts per step, grouped (sources, then the pooled groups and "all") -> steps, first_acceptance (share of
     steps whose first draft is accepted), tokens_per_step (mean a + 1) and per-position acceptance rates."""
     res: dict[str, Any] = {}
-    for w, steps in by.items():
+    last = (
+        TRAINING_SOURCES,
+        LEFT_OUT,
+        "all",
+    )  # sources first, in order of appearance, then the pooled groups
+    for w in [w for w in by if w not in last] + [w for w in last if w in by]:
+        steps = by[w]
         t = torch.tensor(steps, dtype=torch.float)
         n = max(len(steps), 1)
         res[w] = {
@@ -85,12 +95,43 @@ def summarize_steps(by: dict[str, list[int]], k: int) -> dict[str, Any]:
     return res
 
 
-def replay_metrics(head: Eagle3Head, seqs: list[Sequence], k: int = 3) -> dict[str, Any]:
-    """Metrics per workload and over all: steps, first_acceptance, tokens_per_step, per-position rates."""
+def add_steps(by: dict[str, list[int]], source: str, steps: list[int], left_out: frozenset[str]) -> None:
+    """Group one sequence's steps under its source, "all", and (when some evaluation source was left out of
+    training) under LEFT_OUT or TRAINING_SOURCES."""
+    by[source] += steps
+    by["all"] += steps
+    if left_out:
+        by[LEFT_OUT if source in left_out else TRAINING_SOURCES] += steps
+
+
+def replay_metrics(
+    head: Eagle3Head, seqs: list[Sequence], k: int = 3, left_out: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """Metrics per source (workload), over all, and over the sources in / left out of training: steps,
+    first_acceptance, tokens_per_step, per-position rates."""
     accs = chain_accepts(head, seqs, k)
     by: dict[str, list[int]] = defaultdict(list)
     for s, acc in zip(seqs, accs, strict=True):
-        steps = step_replay(acc, s.out_start, len(s.tokens), k)
-        by[s.workload] += steps
-        by["all"] += steps
+        add_steps(by, s.workload, step_replay(acc, s.out_start, len(s.tokens), k), left_out)
     return summarize_steps(by, k)
+
+
+def left_out_sources(recipe: Any) -> frozenset[str]:
+    """The recipe's evaluation sources it does not train on (a recipe object or its manifest dict)."""
+    r = recipe if isinstance(recipe, dict) else vars(recipe)
+    return frozenset(w for w in r["eval_workloads"] if w not in r["workloads"])
+
+
+def evaluation_by_source(final: dict[str, Any] | None, recipe: Any) -> dict[str, Any]:
+    """The final held-out metrics keyed by source, each marked left_out (not a training source) or not,
+    and the two pooled groups: what a manifest's `evaluation` holds."""
+    final = final or {}
+    out: dict[str, Any] = {"sources": {}}
+    gone = left_out_sources(recipe)
+    for w in (recipe if isinstance(recipe, dict) else vars(recipe))["eval_workloads"]:
+        if isinstance(final.get(w), dict):
+            out["sources"][w] = {"left_out": w in gone, **final[w]}
+    for g in (TRAINING_SOURCES, LEFT_OUT):
+        if isinstance(final.get(g), dict):
+            out[g] = final[g]
+    return out

@@ -23,6 +23,7 @@ import torch
 
 from speclab.atomic import exclusive_lock
 from speclab.drafters.data import Sequence
+from speclab.drafters.evaluate import evaluation_by_source
 from speclab.models.prepare import publish_build, read_manifest
 
 
@@ -172,15 +173,18 @@ def publish_drafter(
 ) -> None:
     """Save a trained drafter (`save(directory)`) into a build directory (`.<kind>-build-*` in `root`) and swap
     it in at `out` with its
-    manifest: `head` (kind, recipe, target, data, ...) then the training statistics, the last curve point,
+    manifest: `head` (kind, recipe, target, data, ...) then the training statistics, the last curve point and
+    its figures keyed by evaluation source (each marked left out of training or not),
     the time since `t_start`, the peak memory and the torch threads."""
     tmp = build_dir(root, kind)
     try:
         save(tmp)
+        final = stats["curve"][-1] if stats["curve"] else None
         manifest = {
             **head,
             "training": stats,
-            "final": stats["curve"][-1] if stats["curve"] else None,
+            "final": final,
+            "evaluation": evaluation_by_source(final, head["recipe"]),
             "total_seconds": round(time.perf_counter() - t_start, 1),
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "torch_threads": torch.get_num_threads(),

@@ -36,7 +36,7 @@ from speclab.drafters.data import (
     eval_prompts,
     training_prompts,
 )
-from speclab.drafters.evaluate import collate, replay_metrics
+from speclab.drafters.evaluate import collate, left_out_sources, replay_metrics
 from speclab.drafters.loop import (
     cache_entry,
     fit,
@@ -45,6 +45,7 @@ from speclab.drafters.loop import (
     start_run,
     target_identity,
 )
+from speclab.drafters.sources import source_identity, source_stats
 from speclab.errors import SpeclabError
 from speclab.models.dflash import default_aux_layers
 from speclab.models.eagle3 import Eagle3Head, head_config
@@ -59,6 +60,19 @@ DEFAULT_WORKLOADS = {
     "offline-reasoning": 24,
     "offline-summarization": 8,
 }
+DEFAULT_EVAL = ["offline-math", "offline-chat"]
+# the standard-library corpus (speclab.drafters.corpus): real code and documentation, no built-in workload
+# in training, so the offline workloads are evaluation sources left out of training
+STDLIB_WORKLOADS = {
+    "stdlib-explain": 48,
+    "stdlib-complete": 40,
+    "stdlib-docqa": 48,
+    "stdlib-summarize": 16,
+    "stdlib-math": 24,
+}
+STDLIB_EVAL = ["stdlib-explain", "stdlib-docqa", "stdlib-math", "offline-math", "offline-chat"]
+# training corpora by name: (training sources -> prompts, evaluation sources); "offline" is the original recipe
+CORPORA = {"offline": (DEFAULT_WORKLOADS, DEFAULT_EVAL), "stdlib": (STDLIB_WORKLOADS, STDLIB_EVAL)}
 
 
 @dataclass
@@ -79,7 +93,7 @@ class EagleRecipe:
     epochs: int = 8  # acceptance curve: docs/results/2026-12-03-drafters-training.md (3 epochs: 0.33 math)
     batch_size: int = 8
     lr: float = 1e-3
-    eval_workloads: list[str] = field(default_factory=lambda: ["offline-math", "offline-chat"])
+    eval_workloads: list[str] = field(default_factory=lambda: list(DEFAULT_EVAL))
     eval_prompts: int = 16
     eval_seed: int = 42  # the demo's seed: its prompts are exactly the held-out ones
     evals: int = 6  # points on the acceptance curve
@@ -90,6 +104,7 @@ class EagleRecipe:
         for name, default in (("head_layers", 1), ("soft_weight", 0.0)):
             if fields[name] == default:
                 del fields[name]
+        fields.update(source_identity(self))
         blob = json.dumps([RECIPE_VERSION, fields, target_files], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -206,7 +221,7 @@ def train_head(
         return ttt_loss(head, seqs, recipe.k, recipe.step_weights, recipe.soft_weight)
 
     def metrics() -> dict[str, Any]:
-        return replay_metrics(head, heldout, recipe.k) if heldout else {}
+        return replay_metrics(head, heldout, recipe.k, left_out_sources(recipe)) if heldout else {}
 
     return fit(head, train, batches, loss, metrics, recipe, log, max_minutes)
 
@@ -309,12 +324,16 @@ def load_data(
         return seqs
 
     t0 = time.perf_counter()
-    train_p = training_prompts(recipe.workloads, recipe.seed)
-    say(f"data: {len(train_p)} training prompts (bench/demo prompts held out)")
+    dropped: dict[str, int] = {}
+    train_p = training_prompts(recipe.workloads, recipe.seed, dropped)
+    say(f"data: {len(train_p)} training prompts (evaluation prompts held out)")
     held_p = eval_prompts(recipe.eval_workloads, recipe.eval_prompts, recipe.eval_seed)
     overlap = {p.id for p in held_p} & {p.id for p in train_p}
     if overlap:
         raise SpeclabError(f"drafters: {len(overlap)} evaluation prompts are in the training data")
+    info.update(source_stats(recipe, train_p, held_p, dropped))
+    for w, r in info["heldout_similarity"].items():
+        say(f"data: {w}: held-out prompts' similarity to the nearest training prompt: median {r['median']}")
     train = cached(train_p, "data")
     heldout = cached(held_p, "eval")
     info["data_seconds"] = round(time.perf_counter() - t0, 1)

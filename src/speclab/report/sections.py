@@ -21,6 +21,7 @@ from speclab.report import figures as F
 from speclab.report.analysis_sections import acceptance, adaptive, oracle, overlap
 from speclab.report.categories import section as per_category
 from speclab.report.data import ReportData
+from speclab.report.drafters import section as drafters
 from speclab.report.html import esc, figure_or_missing, missing, table
 from speclab.report.recommend import CANNOT_TELL, MARGINAL, headline, stops_paying
 from speclab.report.sampling import has_sampling
@@ -371,6 +372,7 @@ SECTIONS = (
     per_category,
     time_and_memory,
     acceptance,
+    drafters,
     overlap,
     oracle,
     adaptive,
