@@ -107,3 +107,20 @@ def test_expected_traces_share_models_and_distributions_and_match_naive(tmp_path
                 if p + j <= r.output_len:
                     want = _naive(target, c, **SAMPLING)[_naive(draft, c, temperature=0.8).argmax()]
                 assert mt.accept_prob[p, j] == pytest.approx(want, abs=1e-5)
+
+
+def test_cli_expected_runs_on_one_thread_unless_told(tmp_path, monkeypatch, capsys):
+    import speclab.cli.trace_sampled as ts
+    from speclab.cli import main
+    from test_crosscheck_expected import HalfScorer, _run
+
+    got: list = []
+    monkeypatch.setattr(
+        ts, "make_scorer", lambda target, records, threads: got.append(threads) or HalfScorer()
+    )
+    run = _run(tmp_path, 1)
+    for extra, want in (([], 1), (["--threads", "2"], 2)):
+        assert main(["trace", *extra, "crosscheck", str(run), "--expected"]) in (0, None)
+        assert got[-1] == want
+    err = capsys.readouterr().err
+    assert "expected acceptance [1/1] ngram k=3: 3/3 records" in err  # the progress line

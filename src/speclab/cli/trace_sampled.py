@@ -11,6 +11,8 @@ import click
 
 from speclab.errors import ConfigError
 
+EXPECTED_THREADS = 1  # crosscheck --expected without --threads
+
 
 def records_target(records: list) -> str:
     """The one target the records were generated with (bench records carry meta["target"])."""
@@ -55,6 +57,9 @@ def crosscheck_expected(run: str, records: list, opts: dict[str, Any], as_json: 
     from speclab.replay.crosscheck import expected_check, expected_summary
     from speclab.replay.runs import expected_traces
 
+    # one torch thread unless --threads says otherwise: the forwards are small, and torch's default (one
+    # thread per core) runs several times slower when other jobs keep the cores busy
+    opts = {**opts, "threads": opts.get("threads") or EXPECTED_THREADS}
     scorer: list[Any] = []
 
     class _Lazy:  # the target is loaded only if a sampled record needs it
