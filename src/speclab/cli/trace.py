@@ -155,7 +155,7 @@ def _progress(desc: str):
     "--threads",
     default=None,
     type=click.IntRange(1, 4096),
-    help="torch threads for draft_model and --generator transformers (default: torch's).",
+    help="torch threads for draft_model and --generator transformers (default: torch's; 1 for crosscheck --expected).",
 )
 @click.pass_context
 def command(  # over 100 lines: one parameter per option, then the checks and dispatch in order

@@ -11,6 +11,8 @@ import click
 
 from speclab.errors import ConfigError
 
+EXPECTED_THREADS = 1  # crosscheck --expected without --threads
+
 
 def records_target(records: list) -> str:
     """The one target the records were generated with (bench records carry meta["target"])."""
@@ -33,12 +35,31 @@ def make_scorer(target: str | None, records: list, threads: int | None) -> Any:
     return TargetScorer(resolve_model(target) if target else records_target(records), threads=threads)
 
 
+def progress_line(every_s: float = 10.0) -> Any:
+    """report(label, done, total) for a long replay: one stderr line per group at most every `every_s`
+    seconds, and at each group's end."""
+    import time
+
+    last = [time.monotonic()]
+
+    def report(label: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total or now - last[0] >= every_s:
+            last[0] = now
+            click.echo(f"expected acceptance {label}: {done}/{total} records", err=True)
+
+    return report
+
+
 def crosscheck_expected(run: str, records: list, opts: dict[str, Any], as_json: bool) -> dict[str, Any]:
     """`crosscheck --expected`: per method and temperature, the engine's mean acceptance length beside the
     expectation from accept_prob (speclab.replay.crosscheck.expected_check); the payload it printed."""
     from speclab.replay.crosscheck import expected_check, expected_summary
     from speclab.replay.runs import expected_traces
 
+    # one torch thread unless --threads says otherwise: the forwards are small, and torch's default (one
+    # thread per core) runs several times slower when other jobs keep the cores busy
+    opts = {**opts, "threads": opts.get("threads") or EXPECTED_THREADS}
     scorer: list[Any] = []
 
     class _Lazy:  # the target is loaded only if a sampled record needs it
@@ -47,7 +68,7 @@ def crosscheck_expected(run: str, records: list, opts: dict[str, Any], as_json: 
                 scorer.append(make_scorer(opts.get("target"), records, opts.get("threads")))
             return scorer[0].probs(*a)
 
-    traces, skipped = expected_traces(Path(run), records, opts, _Lazy())
+    traces, skipped = expected_traces(Path(run), records, opts, _Lazy(), progress=progress_line())
     checks = [
         expected_check(r, traces[r.id][0], str(r.meta["observed"]["method"]), int(r.meta["observed"]["k"]),
                        r.meta["observed"], traces[r.id][1]["temperature"])

@@ -43,6 +43,29 @@ def chunked_forward(
     return parts
 
 
+def tail_logits(model: Any, x: np.ndarray, first: int, chunk: int = 512) -> Any:
+    """Teacher-forced next-token logits of a causal LM over x, rows first..len(x)-1 only (row i: the
+    distribution of x[i+1]); [len(x) - first, V] float32. The output head runs on those rows only
+    (transformers' logits_to_keep): over a long prompt most of a forward's head work is skipped."""
+    import torch
+    from transformers import DynamicCache
+
+    first = max(int(first), 0)
+    ids = torch.as_tensor(np.asarray(x, dtype=np.int64))[None, :]
+    cache = DynamicCache()
+    parts = []
+    with torch.inference_mode():
+        for s in range(0, ids.shape[1], chunk):
+            e = min(s + chunk, ids.shape[1])
+            keep = e - max(first, s)
+            out = model(
+                input_ids=ids[:, s:e], past_key_values=cache, use_cache=True, logits_to_keep=max(keep, 1)
+            )
+            if keep > 0:
+                parts.append(out.logits[0, -keep:].float())
+    return torch.cat(parts) if parts else torch.empty(0)
+
+
 def runs_of_hits(hit: np.ndarray) -> np.ndarray:
     """run[t] = number of consecutive True values in hit starting at t."""
     n = len(hit)
@@ -79,6 +102,7 @@ class DraftModelProposer:
         self.model = model.eval()
         self.chunk = chunk
         self.max_model_len = max_model_len
+        self._last: tuple[tuple[bytes, int], Any] | None = None
 
     # --- live -------------------------------------------------------------------------------------
     def propose(self, context_ids: np.ndarray, k: int) -> np.ndarray:
@@ -109,6 +133,15 @@ class DraftModelProposer:
         return np.asarray(out, dtype=np.int64)
 
     # --- replay -----------------------------------------------------------------------------------
+    def next_logits(self, x: np.ndarray, first: int) -> Any:
+        """tail_logits of the draft over x from row `first`; the last call's result is kept, so replay
+        (argmax) and the expected acceptance (tempered q) of one record share one forward."""
+        x = np.asarray(x, dtype=np.int64)
+        key = (x.tobytes(), int(first))
+        if self._last is None or self._last[0] != key:
+            self._last = (key, tail_logits(self.model, x, first, self.chunk))
+        return self._last[1]
+
     def greedy_next(self, x: np.ndarray) -> np.ndarray:
         """g[t] = argmax of the draft's next-token logits after x[:t+1], for every t (teacher forcing)."""
         parts = chunked_forward(self.model, x, self.chunk, lambda out: out.logits[0].argmax(-1).numpy())
@@ -123,11 +156,14 @@ class DraftModelProposer:
         if n == 0:
             return np.ones(0, np.int32), np.zeros(0, np.int32)
         x = np.concatenate([prompt_ids, output_ids])
-        # the last token's prediction is never needed (nothing to compare it with)
-        g = self.greedy_next(x[:-1])
-        hit = g == x[1:]  # hit[t]: the draft after x[:t+1] predicts x[t+1]
-        runs = runs_of_hits(hit)
         ends = plen + np.arange(n)  # context length at position p
+        if plen > 0:
+            # only chains started in the output matter: rows plen-1.. (the last row is never compared)
+            g = self.next_logits(x, plen - 1)[:n].argmax(-1).numpy()
+            runs = np.concatenate([np.zeros(plen - 1, np.int64), runs_of_hits(g == x[plen:])])
+        else:
+            # the last token's prediction is never needed (nothing to compare it with)
+            runs = runs_of_hits(self.greedy_next(x[:-1]) == x[1:])  # hit[t]: draft after x[:t+1] is x[t+1]
         kk = np.full(n, k_max, dtype=np.int64)
         if self.max_model_len is not None:
             kk = np.clip(np.minimum(kk, self.max_model_len - ends), 0, None)

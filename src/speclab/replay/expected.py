@@ -64,20 +64,10 @@ def tempered_probs(logits: Any, temperature: float, top_p: float = 1.0, top_k: i
 
 def next_token_logits(model: Any, x: np.ndarray, first: int, chunk: int = 512) -> Any:
     """Teacher-forced logits of a causal LM over x, rows first..len(x)-1 only (row i: the distribution of
-    x[i+1]); [len(x) - first, V] float32."""
-    import torch
+    x[i+1]); [len(x) - first, V] float32. The output head runs on those rows only."""
+    from speclab.methods.draft_model import tail_logits
 
-    from speclab.methods.draft_model import chunked_forward
-
-    seen = [0]
-
-    def take(out: Any) -> Any:
-        lg = out.logits[0]
-        lo = seen[0]
-        seen[0] += lg.shape[0]
-        return lg[max(0, first - lo) :].float()
-
-    return torch.cat(chunked_forward(model, x, chunk, take))
+    return tail_logits(model, x, first, chunk)
 
 
 class TargetScorer:
@@ -171,10 +161,13 @@ def draft_model_accept_prob(
     import torch
 
     x = np.concatenate([np.asarray(prompt_ids, np.int64), np.asarray(output_ids, np.int64)])
+    first = len(prompt_ids) - 1
     with torch.inference_mode():
-        q = tempered_probs(
-            next_token_logits(proposer.model, x, len(prompt_ids) - 1, proposer.chunk), temperature
-        )
+        if hasattr(proposer, "next_logits"):  # the forward its replay already ran over this record
+            lg = proposer.next_logits(x, first)
+        else:
+            lg = next_token_logits(proposer.model, x, first, proposer.chunk)
+        q = tempered_probs(lg, temperature)
         ov = _overlap(*_same_vocab(probs, q), how).numpy()  # [n+1]
     return _by_position(ov, num_proposed)
 

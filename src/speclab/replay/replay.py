@@ -28,6 +28,8 @@ from speclab.methods import make_proposer
 from speclab.replay.expected import fill_accept_prob, pad_drafts, record_sampling
 from speclab.traces import MethodTrace, RequestTrace, read_jsonl, read_store
 
+MODEL_METHODS = ("draft_model", "eagle3")  # stateless proposers that load a model
+
 
 def load_records(source: str | Path) -> list[RequestTrace]:
     """Read a trace store (Parquet file or directory), a bench RUN directory (its traces/ store) or a
@@ -67,6 +69,7 @@ def replay_records(
     compare: dict[str, list[int]] | None = None,
     scorer: Callable[[], Any] | None = None,
     draft_sampling: str = "greedy",
+    models: dict[str, Any] | None = None,
 ) -> list[RequestTrace]:
     """Fill rec.methods[m] for each method (replacing an existing entry of that name). Records without
     token ids raise TraceError unless skip_missing_ids, in which case they pass through unchanged.
@@ -74,7 +77,9 @@ def replay_records(
     both capped at the smaller k_max, are counted there: compare[m] = [equal, total].
     Sampled records (meta["sampling"], temperature > 0) also get accept_prob (speclab.replay.expected):
     `scorer()` gives the target's TargetScorer (called once, when the first sampled record comes);
-    draft_sampling: "probabilistic" (sum-min) or "greedy" (p_T(argmax q)) for model drafters."""
+    draft_sampling: "probabilistic" (sum-min) or "greedy" (p_T(argmax q)) for model drafters.
+    `models`: a dict shared between calls, where the model proposers (draft model, EAGLE-3), stateless, are
+    kept by method and options, so several calls load each model once."""
     options = options or {}
     records = list(records)
     # one proposer per method; suffix gets one per workload (its global trie is per workload)
@@ -100,7 +105,7 @@ def replay_records(
             ck = (m, key)
             pk = (m, rec.workload if m == "suffix" else "")
             if pk not in proposers:
-                proposers[pk] = make_proposer(m, **options.get(m, {}))
+                proposers[pk] = _proposer(m, options.get(m, {}), models)
             if m == "suffix" and i == groups[(rec.workload, _prompt_key(rec))][0]:
                 _suffix_group(proposers[pk], records, groups[(rec.workload, _prompt_key(rec))], k_max, cache)
             if ck not in cache:
@@ -122,6 +127,15 @@ def replay_records(
             **{m: {"k_max": k_max, "options": _jsonable(options.get(m, {}))} for m in methods},
         }
     return records
+
+
+def _proposer(method: str, opts: dict[str, Any], models: dict[str, Any] | None) -> Any:
+    if models is None or method not in MODEL_METHODS:
+        return make_proposer(method, **opts)
+    key = json.dumps([method, opts], sort_keys=True, default=lambda v: f"{type(v).__name__}@{id(v)}")
+    if key not in models:
+        models[key] = make_proposer(method, **opts)
+    return models[key]
 
 
 def _suffix_group(

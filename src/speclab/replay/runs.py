@@ -188,13 +188,55 @@ def record_sampling_in_run(rec: RequestTrace, rows: dict[str, dict[str, Any]]) -
             "top_k": int(s.get("top_k") or 0)}  # fmt: skip
 
 
+class SharedProbs:
+    """The target's distributions of a (prompt, output, sampling) that several replay groups score (e.g.
+    one output under two methods' cells), computed once and kept until its last group took it; every
+    other one is computed and passed on (a group scores each of its distinct records once)."""
+
+    def __init__(self, scorer: Any, groups: list[list[RequestTrace]]) -> None:
+        self.scorer = scorer
+        self.left: dict[str, int] = {}
+        for recs in groups:
+            for key in {self.key(r.prompt_token_ids, r.output_token_ids, r.meta["sampling"]) for r in recs}:
+                self.left[key] = self.left.get(key, 0) + 1
+        self.kept: dict[str, Any] = {}
+
+    @staticmethod
+    def key(prompt_ids: Any, output_ids: Any, sampling: dict[str, Any]) -> str:
+        a, b = np.asarray(prompt_ids, np.int64), np.asarray(output_ids, np.int64)
+        return a.tobytes().hex() + "|" + b.tobytes().hex() + "|" + json.dumps(sampling, sort_keys=True)
+
+    def probs(self, prompt_ids: Any, output_ids: Any, sampling: dict[str, Any]) -> Any:
+        key = self.key(prompt_ids, output_ids, sampling)
+        got = self.kept.pop(key, None)
+        if got is None:
+            got = self.scorer.probs(prompt_ids, output_ids, sampling)
+        self.left[key] = self.left.get(key, 1) - 1
+        if self.left[key] > 0:
+            self.kept[key] = got
+        return got
+
+
+def _counting(label: str, total: int, report: Any):
+    """A replay_records `progress` wrapper calling report(label, done, total) after each record."""
+
+    def wrap(it: Any) -> Any:
+        for done, i in enumerate(it, 1):
+            yield i
+            report(label, done, total)
+
+    return wrap
+
+
 def expected_traces(
-    run: Path, records: list[RequestTrace], cli: dict[str, Any], scorer: Any
+    run: Path, records: list[RequestTrace], cli: dict[str, Any], scorer: Any, progress: Any = None
 ) -> tuple[dict[str, tuple[Any, dict[str, Any]]], dict[str, str]]:
     """accept_prob for every sampled record with observed acceptance: {record id: (MethodTrace, sampling)},
     and {method: reason} for those it cannot give. Records are replayed (speclab.replay.replay) in groups
     of one method, k and options, along their own output; suffix's global tree follows the run's record
-    order (not the engine re-enacted). `scorer` gives the target's distributions (TargetScorer)."""
+    order (not the engine re-enacted). `scorer` gives the target's distributions (TargetScorer); each model
+    is loaded once, and each distribution computed once however many groups need it. `progress(label,
+    done, total)`, if given, is called after each record of a group."""
     from speclab.replay.replay import replay_records
 
     rows = ResultsStore(run).rows if run.is_dir() else {}
@@ -225,8 +267,12 @@ def expected_traces(
         groups.setdefault(key, (spec[0], k, spec[1], ds, []))[4].append(copy)
         samplings[rec.id] = sampling
     out: dict[str, tuple[Any, dict[str, Any]]] = {}
-    for name, k, opts, ds, recs in groups.values():
-        replay_records(recs, [name], k, {name: opts}, scorer=lambda: scorer, draft_sampling=ds)
+    shared = SharedProbs(scorer, [g[4] for g in groups.values()])
+    models: dict[str, Any] = {}
+    for gi, (name, k, opts, ds, recs) in enumerate(groups.values(), 1):
+        label = f"[{gi}/{len(groups)}] {name} k={k}"
+        replay_records(recs, [name], k, {name: opts}, scorer=lambda: shared, draft_sampling=ds, models=models,
+                       progress=_counting(label, len(recs), progress) if progress else None)  # fmt: skip
         for r in recs:
             if r.methods[name].accept_prob is not None:
                 out[r.id] = (r.methods[name], samplings[r.id])
