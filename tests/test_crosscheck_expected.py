@@ -36,8 +36,16 @@ def test_expected_check_walks_the_observed_steps():
     assert c.measured_len == pytest.approx(1 + 5 / 3) and c.expected_len == pytest.approx(1 + 2.5 / 3)
 
 
-def _check(meas: int, exp: float, steps: int, method: str = "ngram", t: float = 0.7, cell: str = "c1"):
-    return ExpectedCheck("r", method, 3, t, cell, steps, meas, exp)
+def _check(
+    meas: int,
+    exp: float,
+    steps: int,
+    method: str = "ngram",
+    t: float = 0.7,
+    cell: str = "c1",
+    var: float = 0.0,
+):
+    return ExpectedCheck("r", method, 3, t, cell, steps, meas, exp, var)
 
 
 def test_summary_mae_per_method_and_temperature_and_engine_fault():
@@ -59,6 +67,24 @@ def test_summary_mae_per_method_and_temperature_and_engine_fault():
     assert "engine_fault" in by_cell["c2"] and "engine_fault" not in by_cell["c1"]
     few = expected_summary([_check(0, 10.0, ENGINE_FAULT_MIN_STEPS - 1)])
     assert "engine_fault" not in few["ngram T=0.7"]  # too few steps to call it
+    # 1 accepted where 3.4 were expected over 67 steps of rare drafts (variance ~3.3): chance, not a fault
+    rare = expected_summary([_check(1, 3.4, 67, var=3.3)])["ngram T=0.7"]
+    assert "engine_fault" not in rare and rare["chance_sd_rel"] == pytest.approx(
+        3.3**0.5 / 67 / (1 + 3.4 / 67)
+    )
+    # the same shortfall over 20x the steps is far beyond chance
+    assert "engine_fault" in expected_summary([_check(20, 68.0, 1340, var=66.0)])["ngram T=0.7"]
+    two = expected_summary([_check(10, 10.0, 10, cell="a"), _check(15, 10.0, 10, cell="b")])["ngram T=0.7"]
+    assert two["cell_mae_rel"] == pytest.approx(0.25 / 2) and two["rel_error"] == pytest.approx(0.25 / 2)
+
+
+def test_expected_variance_of_a_step():
+    """One step with accept_prob (0.5, 0.5): accepted 0 w.p. 0.5, 1 w.p. 0.25, 2 w.p. 0.25: mean 0.75,
+    variance 0.6875."""
+    mt = MethodTrace(k_max=2, acc_len=np.ones(4, dtype=np.int32), num_proposed=np.full(4, 2, dtype=np.int32))
+    mt.accept_prob = np.full((4, 2), 0.5, dtype=np.float32)
+    c = expected_check(_rec(4), mt, "ngram", 2, {"per_step_accepted": [0], "per_step_drafted": [2]}, 0.7)
+    assert c.expected_accepted == pytest.approx(0.75) and c.expected_var == pytest.approx(0.6875)
 
 
 def test_record_sampling_from_meta_or_row():

@@ -92,7 +92,9 @@ def crosscheck_expected(run: str, records: list, opts: dict[str, Any], as_json: 
         click.echo(
             f"{key:28s} requests {s['requests']:4d}  steps {s['steps']:6d}  acc.len measured "
             f"{s['measured_mean_acceptance_length']:.3f}  expected {s['expected_mean_acceptance_length']:.3f}  "
-            f"MAE {100 * s['mae_rel']:.1f}%" + ("  ENGINE FAULT" if "engine_fault" in s else "")
+            f"({100 * s['rel_error']:+.1f}%, chance sd {100 * s['chance_sd_rel']:.1f}%)  MAE cells "
+            f"{100 * s['cell_mae_rel']:.1f}%  requests {100 * s['mae_rel']:.1f}%"
+            + ("  ENGINE FAULT" if "engine_fault" in s else "")
         )
     for cell, s in by_cell.items():
         if "engine_fault" in s:
@@ -116,6 +118,7 @@ def cell_entry(s: dict[str, Any]) -> dict[str, Any]:
         "steps": s["steps"],
         "requests": s["requests"],
         "mae_rel": s["mae_rel"],
+        "chance_sd_rel": s["chance_sd_rel"],
     }
 
 

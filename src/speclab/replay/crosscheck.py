@@ -18,6 +18,7 @@ Anything else is "mismatch": a bug to explain.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,7 +154,11 @@ def crosscheck_records(
 # (MethodTrace.accept_prob along the request's output). `expected_check` walks the engine's observed steps
 # over the output (misses where the replay proposes nothing) and adds up, per step, the accepted drafts the
 # engine measured and the ones accept_prob expects at that position for the drafts it made.
-ENGINE_FAULT_RATIO = 0.5  # measured accepted drafts per step below this share of the expectation: a fault
+# A fault needs both: the engine accepted below ENGINE_FAULT_RATIO of the expected drafts, and chance cannot
+# explain it (the measured count ENGINE_FAULT_Z standard deviations below the expectation; one-sided p ~ 5e-4,
+# from each step's variance under the expected acceptance, steps independent).
+ENGINE_FAULT_RATIO = 0.5
+ENGINE_FAULT_Z = 3.29
 ENGINE_FAULT_MIN_STEPS = 20  # fewer steps say too little to call a fault
 
 
@@ -167,6 +172,7 @@ class ExpectedCheck:
     steps: int
     measured_accepted: int  # accepted drafts over the steps
     expected_accepted: float
+    expected_var: float = 0.0  # variance of the accepted count under the expectation (steps independent)
 
     @property
     def measured_len(self) -> float:
@@ -193,7 +199,10 @@ def expected_check(
             p += 1  # a plain decode step (vLLM records nothing for it)
             continue
         a, d = obs_a[i], min(obs_d[i] if i < len(obs_d) else k, k, mt.k_max)
-        chk.expected_accepted += float(surv[p, :d].sum())
+        e = float(surv[p, :d].sum())
+        chk.expected_accepted += e
+        # accepted = sum_j 1{drafts 1..j accepted}; E[1_i 1_j] = surv_max(i,j): var = sum (2j-1) surv_j - e^2
+        chk.expected_var += float(((2 * np.arange(1, d + 1) - 1) * surv[p, :d]).sum()) - e * e
         chk.measured_accepted += a
         chk.steps += 1
         p, i = p + a + 1, i + 1
@@ -202,9 +211,11 @@ def expected_check(
 
 def expected_summary(checks: list[ExpectedCheck], by: str = "method") -> dict[str, dict[str, Any]]:
     """Per method and temperature (by="method") or per cell (by="cell", with the cell's method, k and
-    temperature): mean acceptance lengths measured and expected (1 + accepted drafts per step), the mean
-    absolute error of the requests' measured length relative to their expected one, and "engine_fault" where
-    the engine accepted far fewer drafts than expected."""
+    temperature): mean acceptance lengths measured and expected (1 + accepted drafts per step), their relative
+    error ("rel_error"), the mean absolute error of the requests' measured length relative to their expected
+    one ("mae_rel": few steps per request make it noisy), the one of the cells' mean lengths ("cell_mae_rel"),
+    the relative standard deviation chance alone gives the measured mean length ("chance_sd_rel"), and
+    "engine_fault" where the engine accepted far fewer drafts than expected, beyond chance."""
     groups: dict[str, list[ExpectedCheck]] = {}
     for c in checks:
         if c.steps:
@@ -215,20 +226,40 @@ def expected_summary(checks: list[ExpectedCheck], by: str = "method") -> dict[st
         steps = sum(c.steps for c in cs)
         meas = sum(c.measured_accepted for c in cs) / steps
         exp = sum(c.expected_accepted for c in cs) / steps
+        var = max(sum(c.expected_var for c in cs), 0.0)
         s: dict[str, Any] = {
             "requests": len(cs),
             "steps": steps,
             "measured_mean_acceptance_length": 1.0 + meas,
             "expected_mean_acceptance_length": 1.0 + exp,
+            "rel_error": (meas - exp) / (1.0 + exp),
             "mae_rel": float(np.mean([abs(c.measured_len - c.expected_len) / c.expected_len for c in cs])),
+            "cell_mae_rel": _cell_mae(cs),
+            "chance_sd_rel": math.sqrt(var) / steps / (1.0 + exp),
         }
         if by == "cell":  # the cell's method, k and temperature (None where its requests had several)
             temps = {c.temperature for c in cs}
             s.update(method=cs[0].method, k=cs[0].k, temperature=temps.pop() if len(temps) == 1 else None)
-        if steps >= ENGINE_FAULT_MIN_STEPS and meas < ENGINE_FAULT_RATIO * exp:
+        z = (meas - exp) * steps / math.sqrt(var) if var > 0 else (-math.inf if meas < exp else 0.0)
+        if steps >= ENGINE_FAULT_MIN_STEPS and meas < ENGINE_FAULT_RATIO * exp and z < -ENGINE_FAULT_Z:
             s["engine_fault"] = (
                 f"engine accepted {meas:.2f} drafts per step, below {ENGINE_FAULT_RATIO:.0%} of the "
-                f"{exp:.2f} the replayed expectation gives ({steps} steps)"
+                f"{exp:.2f} the replayed expectation gives ({steps} steps, {-z:.1f} sd below it)"
             )
         out[key] = s
     return out
+
+
+def _cell_mae(cs: list[ExpectedCheck]) -> float:
+    """Mean over the cells of |measured - expected| / expected mean acceptance length, each cell's requests
+    pooled."""
+    cells: dict[str, list[ExpectedCheck]] = {}
+    for c in cs:
+        cells.setdefault(c.cell_id, []).append(c)
+    errs = []
+    for group in cells.values():
+        steps = sum(c.steps for c in group)
+        m = 1.0 + sum(c.measured_accepted for c in group) / steps
+        e = 1.0 + sum(c.expected_accepted for c in group) / steps
+        errs.append(abs(m - e) / e)
+    return float(np.mean(errs))
