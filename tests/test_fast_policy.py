@@ -21,14 +21,14 @@ from test_simulate_adaptive import same
 FIXTURE = Path(__file__).parent / "data" / "study-simulator" / "combined_instructcoder.jsonl.gz"
 
 
-def one_at_a_time(args: tuple, kw: dict) -> tuple[np.ndarray, np.ndarray]:
+def one_at_a_time(iterate, args: tuple) -> tuple[np.ndarray, np.ndarray]:
     """goodput._iterate's answer for each pass count alone (its own rounds, its own early stop)."""
     allowed, shared, no_passes = args[6], args[8], args[12]
     lams, idx = [], []
     for p in range(len(no_passes)):
         sh = shared[p : p + 1] if shared.shape[0] > 1 else shared
         a = (*args[:6], allowed[p : p + 1], args[7], sh, *args[9:12], no_passes[p : p + 1], args[13])
-        lam, i = goodput._iterate(*a)
+        lam, i = iterate(*a)
         lams.append(lam[0])
         idx.append(i[0])
     return np.stack(lams), np.stack(idx)
@@ -67,7 +67,7 @@ def test_all_pass_counts_at_once_equal_one_at_a_time(seed: int, monkeypatch: pyt
     assert len(calls) >= 20
     assert any(len(a[12]) > 1 for a, _ in calls)  # several pass counts weighed at once
     for a, (lam, i) in calls:
-        lam1, i1 = one_at_a_time(a, {})
+        lam1, i1 = one_at_a_time(inner, a)
         assert np.array_equal(lam, lam1) and np.array_equal(i, i1)
 
 
@@ -78,7 +78,7 @@ def fixture_traces(tmp_path_factory):
     with gzip.open(FIXTURE, "rb") as src, open(path, "wb") as dst:
         shutil.copyfileobj(src, dst)
     recs, _ = import_specdecode_bench([path])
-    return recs[:8]
+    return recs[:5]
 
 
 @pytest.mark.parametrize("cm", ["llama3.1-8b-h100-chained", "smollm2-135m-cpu-live"])
@@ -86,9 +86,8 @@ def test_shipped_policy_fast_equals_reference_on_the_fixture(fixture_traces, cm:
     """adaptive-gated (gated under the CPU model, not under the GPU one) and adaptive: the fast engine's rows
     equal the reference loop's for every batching mode, several batch sizes and two seeds."""
     specs = ["adaptive-gated", "adaptive"]
-    for batching in ("continuous", "static", "replicate"):
-        for seed in (0, 7):
-            kw = dict(seed=seed, switch_overhead=1e-3)
-            f = simulate(fixture_traces, cm, specs, batching, [1, 3, 8], **kw)
-            r = simulate(fixture_traces, cm, specs, batching, [1, 3, 8], engine="reference", **kw)
-            same(f, r)
+    for batching, seed in (("continuous", 0), ("continuous", 7), ("static", 3), ("replicate", 5)):
+        kw = dict(seed=seed, switch_overhead=1e-3)
+        f = simulate(fixture_traces, cm, specs, batching, [1, 3], **kw)
+        r = simulate(fixture_traces, cm, specs, batching, [1, 3], engine="reference", **kw)
+        same(f, r)
