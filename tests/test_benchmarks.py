@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).parent.parent
 # module -> an option its --help must list
 ARGPARSE_TOOLS = {
+    "bench_online_policy": "--repeats",
     "bench_replay": "--methods",
     "bench_simulator": "--requests",
     "bench_simulate_ray": "--positions",
@@ -62,3 +63,12 @@ def test_validate_holdout_imports_and_needs_a_run(tmp_path: Path) -> None:
 def test_ray_check_script_is_valid_bash() -> None:
     res = subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "ray_bench_check.sh")], capture_output=True)
     assert res.returncode == 0, res.stderr
+
+
+def test_online_policy_benchmark_prints_the_ratio_and_the_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.bench_online_policy import main
+
+    out = main(["--requests", "6", "--batch-sizes", "1,2", "--repeats", "1"])
+    assert out["ratio"] > 0 and 0 < out["fraction_of_oracle"] <= 1.0
+    text = capsys.readouterr().out
+    assert "adaptive-gated / fixed:ngram:3" in text and "of the bound" in text

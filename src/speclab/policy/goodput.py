@@ -127,20 +127,26 @@ def batch_choice(
         if shortcut and _all_off(w, E, S0 + WK * tok_g[group][:, None], seqs_g / base_g, group):
             return M[:, 0].astype(np.int64), K[:, 0].astype(np.int64)
         added = _Added(tc, kv_g, seqs_g, max(kmax, default=0))  # forward time added by d drafts per batch
-    for P in _pass_grid(Pn) if mb else (0,):
+    grid = _pass_grid(Pn) if mb else (0,)
+    if not exact:
+        # every pass count of the grid at once (a leading axis): the same sums, element for element, as
+        # one pass count at a time, and the first best of them, as the strict > of a loop in grid order
+        Ps = np.asarray(grid, dtype=np.int64)
+        allowed = Pn[None, :, :] <= Ps[:, None, None]
+        shared = base_g[None, :] + (Ps[:, None] * per_pass if mb else np.zeros((1, 1)))
+        lam, i = _iterate(
+            group, w, E, S0, WK, Pn, allowed, base_g, shared, tok_g, added, frac, Ps == 0, iters
+        )
+        pick = lam.argmax(axis=0)
+        return M[r, i[pick[group], r]].astype(np.int64), K[r, i[pick[group], r]].astype(np.int64)
+    for P in grid:
         allowed = Pn <= P
         shared = base_g + (P * per_pass if mb else 0.0)
-        if exact:
-            T = np.where(Pn > 0, shared[group][:, None], base_g[group][:, None]) + extra + S0
-            val = np.where(allowed, w[:, None] * E / T, -np.inf)
-            i = val.argmax(axis=1)
-            lam = np.full(ng, -np.inf)
-            lam[group] = val[r, i]
-            better = lam > best_g
-            best_g = np.where(better, lam, best_g)
-            best_i = np.where(better[group], i, best_i)
-            continue
-        lam, i = _iterate(group, w, E, S0, WK, Pn, allowed, base_g, shared, tok_g, added, frac, P == 0, iters)
+        T = np.where(Pn > 0, shared[group][:, None], base_g[group][:, None]) + extra + S0
+        val = np.where(allowed, w[:, None] * E / T, -np.inf)
+        i = val.argmax(axis=1)
+        lam = np.full(ng, -np.inf)
+        lam[group] = val[r, i]
         better = lam > best_g
         best_g = np.where(better, lam, best_g)
         best_i = np.where(better[group], i, best_i)
@@ -160,35 +166,44 @@ def _iterate(
     tok_g: np.ndarray,
     added: _Added,
     frac: float,
-    no_passes: bool,
+    no_passes: np.ndarray,
     iters: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Given the drafter passes allowed, each request's choice by E - lam * (its seconds), lam iterated to
-    its batch's goodput and the verified-token price re-read for the drafts chosen. Returns (lam per batch,
-    option index per request)."""
-    ng = len(base_g)
-    r = np.arange(len(w))
-    lam = (np.bincount(group, weights=w, minlength=ng)) / base_g  # off: 1 token per sequence
-    tok = tok_g
+    its batch's goodput and the verified-token price re-read for the drafts chosen. Every pass count at once:
+    `allowed` (nP, n, options), `shared` (nP, batches), `no_passes` (nP,). Returns (lam per pass count and
+    batch, option index per pass count and request). A round that repeats the choices of the round before
+    repeats lam and the price too, so the rounds stop once no pass count's choices change."""
+    nP, ng, n = len(no_passes), len(base_g), len(w)
+    r = np.arange(n)
+    gP = (group[None, :] + ng * np.arange(nP)[:, None]).ravel()  # (pass count, batch) bins
+
+    def per_batch(x: np.ndarray) -> np.ndarray:
+        return np.bincount(gP, weights=x.ravel(), minlength=nP * ng).reshape(nP, ng)
+
+    lam = np.broadcast_to(np.bincount(group, weights=w, minlength=ng) / base_g, (nP, ng))  # off: 1 token
+    tok = np.broadcast_to(tok_g, (nP, ng))
+    wE = w[:, None] * E
     prev = None
     for _ in range(iters):
-        S = S0 + WK * tok[group][:, None]
-        score = np.where(allowed, w[:, None] * E - lam[group][:, None] * S, -np.inf)
-        i = score.argmax(axis=1)
+        S = S0[None, :, :] + WK[None, :, :] * tok[:, group][:, :, None]
+        score = np.where(allowed, wE[None, :, :] - lam[:, group][:, :, None] * S, -np.inf)
+        i = score.argmax(axis=2)
         if prev is not None and np.array_equal(i, prev):
             break  # the same choices give the same lam and slope: every later round repeats this one
         prev = i
-        tot_e = np.bincount(group, weights=w * E[r, i], minlength=ng)
-        used = np.bincount(group, weights=Pn[r, i], minlength=ng) > 0
-        drafts = np.bincount(group, weights=WK[r, i], minlength=ng)
+        tot_e = per_batch(w[None, :] * E[r, i])
+        used = per_batch(Pn[r, i]) > 0
+        drafts = per_batch(WK[r, i])
         # the step's time at the chosen drafts, by the cost model itself (not the slope)
+        add = added(drafts)
         t = (
-            np.where(used | no_passes, shared, base_g)
-            + added(drafts) * (1 + frac)
-            + np.bincount(group, weights=S0[r, i], minlength=ng)
+            np.where(used | no_passes[:, None], shared, base_g[None, :])
+            + add * (1 + frac)
+            + per_batch(S0[r, i])
         )
         lam = tot_e / t
-        tok = np.where(drafts > 0, added(drafts) / np.maximum(drafts, 1e-9), tok_g / (1 + frac)) * (1 + frac)
+        tok = np.where(drafts > 0, add / np.maximum(drafts, 1e-9), tok_g / (1 + frac)) * (1 + frac)
     return lam, i
 
 
@@ -284,7 +299,7 @@ class _Added:
         d = np.minimum(np.maximum(d, 0.0), float(self.top))
         lo = np.minimum(np.floor(d).astype(np.int64), self.top - 1)
         f = d - lo
-        g = np.arange(len(d))
+        g = np.arange(d.shape[-1])  # d: per batch, or (pass counts, batches)
         return self.grid[g, lo] * (1 - f) + self.grid[g, lo + 1] * f
 
 
