@@ -115,9 +115,10 @@ class FakeOpenAI:
         if fault == "timeout":
             await asyncio.sleep(3600)
             return None
-        await self._stream(req, fault, writer)
         if self.mode == "refuse" and self.completions >= self.ok_first:
-            self._server.close()  # stop listening: later connections are refused
+            # stop listening before this last good answer ends, so the client's next connection is refused
+            self._server.close()
+        await self._stream(req, fault, writer)
         return None
 
     def _metrics(self) -> str:
@@ -149,12 +150,18 @@ class FakeOpenAI:
                 await writer.drain()
                 writer.transport.abort()  # cut mid-stream: no terminating chunk
                 return
-            if fault == "badsse" and i == 2:
-                chunk("{not json")
             text = f" t{(int(prompt[i % len(prompt)]) + i) % 97}"  # deterministic per prompt
-            chunk(
-                json.dumps({"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": text}]})
+            good = json.dumps(
+                {"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": text}]}
             )
+            if fault == "badsse" and i == 2:
+                # one write, so the client reads the bad chunk with the next one: vLLM's load generator strips
+                # each read before splitting messages, and a bad chunk read alone is silently glued to the
+                # next read instead of failing the request
+                raw = f"data: {{not json\n\ndata: {good}\n\n".encode()
+                writer.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
+            else:
+                chunk(good)
             await writer.drain()
             await asyncio.sleep(0.001)
         self.drafts += n // 2
