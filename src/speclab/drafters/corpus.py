@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from speclab.workloads.base import Prompt, content_id, user
+from speclab.workloads.offline._common import STDLIB_SKIP
 
 SOURCES: dict[str, str] = {
     "stdlib-explain": "explain a standard-library function (its code)",
@@ -45,16 +46,7 @@ CATEGORY = {
     "stdlib-math": "math",
 }
 HELD_PERMILLE = 150  # share (per mille) of the material on the held-out side of the split
-SKIP_DIRS = {
-    "test",
-    "tests",
-    "idlelib",
-    "lib2to3",
-    "turtledemo",
-    "site-packages",
-    "dist-packages",
-    "ensurepip",
-}
+SKIP_DIRS = STDLIB_SKIP  # tests, demos and GUI code, as the built-in workloads skip them
 MAX_CODE_CHARS = 1800  # longer functions are skipped (prompts stay within max_prompt_tokens)
 MIN_CODE_LINES = 4
 

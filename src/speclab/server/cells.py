@@ -83,16 +83,22 @@ class ServerGroup:
     cells: list[ServerCell] = field(default_factory=list)
 
 
+def server_loads(sv: Any) -> list[tuple[float | None, int | None, str | None]]:
+    """A [server] table's loads as (request rate, concurrency, logged arrivals), one set per load."""
+    loads: list[tuple[float | None, int | None, str | None]] = [(r, None, None) for r in sv.request_rates]
+    loads += [(None, c, None) for c in sv.concurrency]
+    if sv.arrivals:
+        loads.append((None, None, sv.arrivals))
+    return loads
+
+
 def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
     """All server cells of a sweep (its [server] table), baseline cells first."""
     sv = spec.server
     if sv is None:
         raise ConfigError(f"{spec.source}: --server needs a [server] table (request_rates / concurrency)")
     n = sv.num_prompts or spec.num_prompts
-    loads: list[tuple[float | None, int | None, str | None]] = [(r, None, None) for r in sv.request_rates]
-    loads += [(None, c, None) for c in sv.concurrency]
-    if sv.arrivals:
-        loads.append((None, None, sv.arrivals))
+    loads = server_loads(sv)
     cells: list[ServerCell] = []
     for m in spec.methods:
         eng = engine_settings(engine_spec(spec, m))

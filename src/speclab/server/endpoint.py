@@ -36,7 +36,7 @@ from speclab.engine.launch import describe_exit, log_tail, spawn_child
 from speclab.engine.worker import cpu_stall_us
 from speclab.errors import ConfigError, SpeclabError
 from speclab.procs import kill_group
-from speclab.server.cells import ServerCell
+from speclab.server.cells import ServerCell, server_loads
 from speclab.server.faults import EndpointFault, classify, scrape, served_models
 from speclab.server.loadgen import loadgen_command
 from speclab.server.process import loopback_env
@@ -117,10 +117,7 @@ def expand_endpoint_cells(spec: SweepSpec, endpoints: list[Endpoint]) -> list[En
     if sv is None:
         raise ConfigError(f"{spec.source}: --endpoint needs a [server] table (request_rates / concurrency)")
     n = sv.num_prompts or spec.num_prompts
-    loads: list[tuple[float | None, int | None, str | None]] = [(r, None, None) for r in sv.request_rates]
-    loads += [(None, c, None) for c in sv.concurrency]
-    if sv.arrivals:
-        loads.append((None, None, sv.arrivals))
+    loads = server_loads(sv)
     cells: list[EndpointCell] = []
     for ep in endpoints:
         method = MethodEntry(name=BASELINE_LABEL if ep.label == BASELINE_LABEL else "endpoint", k=None)
