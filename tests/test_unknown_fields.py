@@ -32,7 +32,9 @@ def test_engine_and_server_tables_name_unknown_and_known_fields():
         "(known: enforce_eager, kv_cache_gib, llm_kwargs, max_model_len, max_num_seqs)"
     )
     server = _refusal(SWEEP + "\n[server]\nconcurrency = [1]\nrate = 3\n")
-    assert server.startswith("s.toml: server: unknown field(s): rate (known: arrivals, burstiness, cell_timeout_s, ")
+    assert server.startswith(
+        "s.toml: server: unknown field(s): rate (known: arrivals, burstiness, cell_timeout_s, "
+    )
 
 
 def test_known_fields_are_listed_in_the_order_given():
