@@ -92,6 +92,14 @@ def server_loads(sv: Any) -> list[tuple[float | None, int | None, str | None]]:
     return loads
 
 
+def load_name(prefix: str, rate: float | None, conc: int | None, arr: str | None, st: Any) -> str:
+    """A load's part of a cell id: PREFIX-rR, PREFIX-cN or PREFIX-loggedS, then the sampling setting's tag."""
+    load = f"{prefix}-r{rate:g}" if rate is not None else f"{prefix}-c{conc}"
+    if arr:
+        load = f"{prefix}-" + arr.replace(":", "")
+    return load + (f".{st.tag()}" if st.tag() else "")
+
+
 def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
     """All server cells of a sweep (its [server] table), baseline cells first."""
     sv = spec.server
@@ -131,10 +139,7 @@ def expand_server_cells(spec: SweepSpec) -> list[ServerCell]:
                 if not st.is_default:  # sampled cells only: greedy cells keep their ids
                     common["sampling"] = st.key()
                 h = digest({"common": common, "method": m.name, "k": m.k, "options": m.options})
-                load = f"srv-r{rate:g}" if rate is not None else f"srv-c{conc}"
-                if arr:
-                    load = "srv-" + arr.replace(":", "")
-                load += f".{st.tag()}" if st.tag() else ""
+                load = load_name("srv", rate, conc, arr, st)
                 cells.append(
                     ServerCell(
                         cell_id=f"{m.label}.{w}.{load}.{h}",

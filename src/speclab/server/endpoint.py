@@ -36,7 +36,7 @@ from speclab.engine.launch import describe_exit, log_tail, spawn_child
 from speclab.engine.worker import cpu_stall_us
 from speclab.errors import ConfigError, SpeclabError
 from speclab.procs import kill_group
-from speclab.server.cells import ServerCell, server_loads
+from speclab.server.cells import ServerCell, load_name, server_loads
 from speclab.server.faults import EndpointFault, classify, scrape, served_models
 from speclab.server.loadgen import loadgen_command
 from speclab.server.process import loopback_env
@@ -143,10 +143,7 @@ def expand_endpoint_cells(spec: SweepSpec, endpoints: list[Endpoint]) -> list[En
                     "sampling": None if st.is_default else st.key(),
                 }
                 h = digest({"common": common, "endpoint": ep.url, "label": ep.label})
-                load = f"ep-r{rate:g}" if rate is not None else f"ep-c{conc}"
-                if arr:
-                    load = "ep-" + arr.replace(":", "")
-                load += f".{st.tag()}" if st.tag() else ""
+                load = load_name("ep", rate, conc, arr, st)
                 cells.append(
                     EndpointCell(
                         cell_id=f"{ep.label}.{w}.{load}.{h}",
