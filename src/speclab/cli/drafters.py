@@ -23,11 +23,18 @@ _WORKLOAD_PROMPTS = click.option(
 )
 _CORPUS = click.option(
     "--corpus",
-    type=click.Choice(["offline", "stdlib"]),
+    type=click.Choice(["offline", "stdlib", "self"]),
     default="offline",
     show_default=True,
-    help="Training corpus: offline (the built-in offline workloads) or stdlib (prompts made from Python's "
-    "standard-library code and documentation; the offline workloads are then evaluated as left out).",
+    help="Training corpus: offline (the built-in offline workloads), stdlib (prompts made from Python's "
+    "standard-library code and documentation) or self (requests the target writes itself); with stdlib "
+    "and self the offline workloads are evaluated as left out of training.",
+)
+_EVAL_SOURCES = click.option(
+    "--eval-sources",
+    default=None,
+    metavar="A,B,...",
+    help="Evaluation sources instead of the corpus's (built-in workloads, stdlib-*, self-*, file:PATH).",
 )
 
 
@@ -77,7 +84,15 @@ def train_group() -> None:
 @click.option(
     "--max-new-tokens", type=int, default=None, help="Greedy tokens per training prompt (default 64)."
 )
+@_EVAL_SOURCES
 @click.option("--max-minutes", type=float, default=None, help="Stop training after this long (recorded).")
+@click.option(
+    "--budget-minutes",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Hold the whole run, data stage included, to this long: the learning-rate decay follows the time "
+    "left and training stops at the budget (recorded).",
+)
 @click.option("--threads", type=int, default=None, help="torch threads (1 is faster on a contended machine).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Drafters cache directory.")
 @click.option("--force", is_flag=True, help="Retrain even if a head for this recipe is cached.")
@@ -93,7 +108,9 @@ def train_eagle_cmd(
     corpus: str,
     workload_prompts: tuple[str, ...],
     max_new_tokens: int | None,
+    eval_sources: str | None,
     max_minutes: float | None,
+    budget_minutes: float | None,
     threads: int | None,
     cache_dir: str | None,
     force: bool,
@@ -106,7 +123,7 @@ def train_eagle_cmd(
     from speclab.errors import ConfigError
 
     recipe = EagleRecipe(target=target, seed=seed)
-    apply_corpus(recipe, corpus, prompts_scale, workload_prompts)
+    apply_corpus(recipe, corpus, prompts_scale, workload_prompts, eval_sources)
     for name, value in (
         ("epochs", epochs),
         ("draft_vocab", draft_vocab),
@@ -127,6 +144,7 @@ def train_eagle_cmd(
         log=lambda m: click.echo(m, err=True),
         max_minutes=max_minutes,
         threads=threads,
+        budget_minutes=budget_minutes,
     )
     click.echo(str(path))
     _summary(path)
@@ -203,19 +221,27 @@ def train_draft_cmd(
     _summary(path)
 
 
-def apply_corpus(recipe: Any, corpus: str, scale: float, overrides: tuple[str, ...]) -> None:
+def apply_corpus(
+    recipe: Any, corpus: str, scale: float, overrides: tuple[str, ...], eval_sources: str | None = None
+) -> None:
     """Set a recipe's training and evaluation sources: the named corpus's, scaled, with the overrides; a
-    file source is also evaluated (on the held-out side of its split)."""
+    file source is also evaluated (on the held-out side of its split). `eval_sources` (comma-separated)
+    replaces the corpus's evaluation sources."""
     from speclab.drafters.train import CORPORA
 
     base, evals = CORPORA[corpus]
     recipe.workloads = scaled_workloads(base, scale, overrides)
-    recipe.eval_workloads = list(evals) + [w for w in recipe.workloads if w.startswith("file:")]
+    if eval_sources is not None:
+        evals = [_source_name(w.strip(), eval_sources) for w in eval_sources.split(",") if w.strip()]
+    recipe.eval_workloads = list(
+        dict.fromkeys([*evals, *(w for w in recipe.workloads if w.startswith("file:"))])
+    )
 
 
 def _source_name(name: str, item: str) -> str:
     from speclab.drafters.corpus import SOURCES
     from speclab.drafters.data import OFFLINE_WORKLOADS
+    from speclab.drafters.selfgen import SYSTEM
     from speclab.errors import ConfigError
 
     if name.startswith("file:"):
@@ -223,8 +249,8 @@ def _source_name(name: str, item: str) -> str:
         if not path.is_file():
             raise ConfigError(f"--workload-prompts {item!r}: no such file {path}")
         return f"file:{path.resolve()}"
-    if name not in OFFLINE_WORKLOADS and name not in SOURCES:
-        known = ", ".join(OFFLINE_WORKLOADS + tuple(SOURCES))
+    if name not in OFFLINE_WORKLOADS and name not in SOURCES and name not in SYSTEM:
+        known = ", ".join(OFFLINE_WORKLOADS + tuple(SOURCES) + tuple(SYSTEM))
         raise ConfigError(f"--workload-prompts {item!r}: unknown workload {name} (one of {known}, file:PATH)")
     return name
 
@@ -290,7 +316,7 @@ def _summary(path: Path) -> None:
             f"weights ({cost['params_ratio']:.1%} per draft forward), target layers {cost['layers_from_target']}"
         )
     tr = m["training"]
-    capped = ", stopped by --max-minutes" if tr.get("time_capped") else ""
+    capped = ", stopped by its time limit" if tr.get("time_capped") else ""
     click.echo(
         f"  trained in {m['total_seconds']:.0f} s ({tr['steps']}/{tr['planned_steps']} steps, "
         f"{m['recipe']['epochs']} epochs planned{capped}), peak RSS {m['peak_rss_mib']:.0f} MiB"

@@ -70,10 +70,17 @@ def heldout_ids(workloads: tuple[str, ...] = OFFLINE_WORKLOADS) -> set[str]:
     return {p.id for p in heldout_prompts(workloads)}
 
 
-def training_prompts(workloads: dict[str, int], seed: int, report: dict[str, Any] | None = None) -> list[Any]:
+def training_prompts(
+    workloads: dict[str, int],
+    seed: int,
+    report: dict[str, Any] | None = None,
+    pools: dict[str, list[Any]] | None = None,
+    eval_sources: tuple[str, ...] = (),
+) -> list[Any]:
     """`workloads`: source name -> number of prompts (speclab.drafters.sources). Built-in workloads are drawn
-    with seed + TRAIN_SEED_OFFSET, held-out ids removed; corpus and file sources are deduplicated against
-    every evaluation set by content (`report`, when given, receives the number dropped per source)."""
+    with seed + TRAIN_SEED_OFFSET, held-out ids removed; corpus, self and file sources are deduplicated
+    against every evaluation set by content, `eval_sources`' included (`report`, when given, receives the
+    number dropped per source). `pools`: the sampled requests of self sources (speclab.drafters.selfgen)."""
     from speclab.drafters.similarity import Deduper
     from speclab.drafters.sources import dedup_training, evaluation_sets, source_kind, source_training
     from speclab.errors import ConfigError
@@ -81,12 +88,13 @@ def training_prompts(workloads: dict[str, int], seed: int, report: dict[str, Any
 
     held = heldout_ids(tuple(w for w in workloads if source_kind(w) == "workload"))
     others = [w for w in workloads if source_kind(w) != "workload"]
-    dedup = Deduper(evaluation_sets(others, heldout_prompts(OFFLINE_WORKLOADS))) if others else None
+    against = list(dict.fromkeys(others + [w for w in eval_sources if source_kind(w) != "workload"]))
+    dedup = Deduper(evaluation_sets(against, heldout_prompts(OFFLINE_WORKLOADS), pools)) if others else None
     out = []
     for w, n in workloads.items():
         # draws are lazy (a larger draw starts with a smaller one), so n prompts are a prefix of 2n prompts
         if dedup is not None and source_kind(w) != "workload":
-            cands = source_training(w, n * 2 + 50, seed + TRAIN_SEED_OFFSET)
+            cands = source_training(w, n * 2 + 50, seed + TRAIN_SEED_OFFSET, pools)
             kept, dropped = dedup_training(w, cands, dedup, n)
             if report is not None:
                 report[w] = dropped
@@ -103,7 +111,9 @@ def training_prompts(workloads: dict[str, int], seed: int, report: dict[str, Any
     return out
 
 
-def eval_prompts(workloads: list[str], n: int, seed: int = 42) -> list[Any]:
+def eval_prompts(
+    workloads: list[str], n: int, seed: int = 42, pools: dict[str, list[Any]] | None = None
+) -> list[Any]:
     """The held-out evaluation prompts: exactly what the demo/bench draws (seed 42 by default) for built-in
     workloads, the held-out side of the split for corpus and file sources."""
     from speclab.drafters.sources import source_eval, source_kind
@@ -114,7 +124,7 @@ def eval_prompts(workloads: list[str], n: int, seed: int = 42) -> list[Any]:
         if source_kind(w) == "workload":
             out += load_workload(w, limit=n, seed=seed)
         else:
-            out += source_eval(w, n, seed)
+            out += source_eval(w, n, seed, pools)
     return out
 
 

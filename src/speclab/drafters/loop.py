@@ -74,6 +74,7 @@ def fit(
     log: Any,
     max_minutes: float | None = None,
     track_loss: tuple[str, str] | None = None,
+    clock: tuple[float, float | None] | None = None,
 ) -> dict[str, Any]:
     """Train `model`'s trainable parameters for recipe.epochs passes over `batches` (lists of training-set
     indices into `train`; each epoch visits them in a fresh order from random.Random(recipe.seed)), with AdamW at
@@ -83,14 +84,27 @@ def fit(
     recipe.evals points spread over the steps and at the end (the curve, each point logged as a progress
     line). `max_minutes` stops training after that long (recorded as time_capped). `track_loss` = (key,
     label): also put the mean training loss since the last point on the curve under `key` and in the progress
-    line as `label`. Leaves the model in eval mode; returns the training statistics for the manifest."""
+    line as `label`. `clock` = (run start, deadline) in time.perf_counter() seconds: each curve point also
+    records the seconds since the run started (data stage included), and with a deadline the whole run is
+    held to it: the cosine decay follows whichever is further along, the steps or the time left before the
+    deadline, and training stops there (recorded as time_capped; the result then depends on the machine's
+    speed). Leaves the model in eval mode; returns the training statistics for the manifest."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0)
     rng = random.Random(recipe.seed)
     total = max(len(batches) * recipe.epochs, 1)
     warm = max(total // 20, 1)
+    run_start, deadline = clock if clock is not None else (None, None)
+    t_begin = time.perf_counter()
+
+    def progress(s: int) -> float:
+        frac = s / total
+        if deadline is not None:
+            frac = max(frac, (time.perf_counter() - t_begin) / max(deadline - t_begin, 1e-9))
+        return min(frac, 1.0)
+
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warm, 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0))))
+        opt, lambda s: min((s + 1) / warm, 0.5 * (1 + math.cos(math.pi * progress(s))))
     )
     eval_at = {round(total * i / recipe.evals) for i in range(1, recipe.evals + 1)}
     curve: list[dict[str, Any]] = []
@@ -104,6 +118,8 @@ def fit(
             "train_tokens": seen,
             "seconds": round(time.perf_counter() - t0, 1),
         }
+        if run_start is not None:
+            point["run_seconds"] = round(time.perf_counter() - run_start, 1)
         shown = ""
         if track_loss is not None:
             mean = round(sum(losses) / len(losses), 4) if losses else None
@@ -135,9 +151,17 @@ def fit(
             seen += sum(len(train[i].tokens) for i in b)
             if step in eval_at:
                 evaluate()
-            if max_minutes is not None and time.perf_counter() - t0 > max_minutes * 60:
+            over = max_minutes is not None and time.perf_counter() - t0 > max_minutes * 60
+            if over or (deadline is not None and time.perf_counter() >= deadline):
                 capped = True
                 break
+            if (
+                run_start is not None
+                and deadline is not None
+                and step not in eval_at
+                and _eval_due(curve, run_start, deadline, recipe.evals)
+            ):
+                evaluate()
         if capped:
             break
     if not curve or curve[-1]["step"] != step:
@@ -151,6 +175,15 @@ def fit(
         "train_seconds": round(time.perf_counter() - t0, 1),
         "curve": curve,
     }
+
+
+def _eval_due(curve: list[dict[str, Any]], run_start: float, deadline: float, evals: int) -> bool:
+    """Under a deadline the step count may never reach the planned evaluation points: also evaluate when a
+    1/evals share of the run's time has passed since the last point."""
+    if not curve:
+        return False
+    last = run_start + curve[-1]["run_seconds"]
+    return time.perf_counter() - last >= (deadline - run_start) / max(evals, 1)
 
 
 def build_dir(root: Path, kind: str) -> Path:

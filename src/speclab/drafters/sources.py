@@ -4,6 +4,8 @@
   (speclab.drafters.data);
 - a standard-library corpus source (`stdlib-explain`, ...: speclab.drafters.corpus), split by content into a
   training side and a held-out side;
+- requests the target writes itself (`self-chat`, `self-math`, `self-code`: speclab.drafters.selfgen), split
+  by content like the corpus; their pools are sampled before the split (they need the target);
 - the user's own traffic, `file:PATH` (a prompts file or request log, as bench reads it): split by content
   (the normalised text of the request), so a request repeated in the log is on one side only; the held-out
   side, about EVAL_FILE_PERMILLE per mille of the distinct requests, is the drafter's evaluation set there.
@@ -19,7 +21,10 @@ import hashlib
 import random
 from typing import Any
 
-from speclab.drafters.corpus import SOURCES, corpus_prompts, describe_source, python_version
+from speclab.drafters.corpus import SOURCES, corpus_prompts, python_version
+from speclab.drafters.corpus import describe_source as _describe_corpus
+from speclab.drafters.selfgen import WHAT as SELF_WHAT
+from speclab.drafters.selfgen import is_self, pool_side
 from speclab.drafters.similarity import Deduper, normalize, prompt_text, similarity_report
 
 FILE_PREFIX = "file:"
@@ -29,9 +34,11 @@ CORPUS_EVAL_SEED = 42
 
 
 def source_kind(name: str) -> str:
-    """ "stdlib", "file" or "workload"."""
+    """ "stdlib", "self", "file" or "workload"."""
     if name in SOURCES:
         return "stdlib"
+    if is_self(name):
+        return "self"
     if name.startswith(FILE_PREFIX):
         return "file"
     return "workload"
@@ -61,37 +68,61 @@ def file_split(name: str, held: bool, seed: int) -> list[Any]:
     return side
 
 
-def source_training(name: str, limit: int, seed: int) -> list[Any]:
-    """Training-side candidates of a corpus or file source (at most `limit`)."""
-    if source_kind(name) == "stdlib":
+def _pool(name: str, pools: dict[str, list[Any]] | None) -> list[Any]:
+    if not pools or name not in pools:
+        raise ValueError(f"{name}: its requests must be sampled first (speclab.drafters.selfgen.self_pool)")
+    return pools[name]
+
+
+def source_training(name: str, limit: int, seed: int, pools: dict[str, list[Any]] | None = None) -> list[Any]:
+    """Training-side candidates of a corpus, self or file source (at most `limit`)."""
+    kind = source_kind(name)
+    if kind == "stdlib":
         return corpus_prompts(name, limit, seed, held=False)
+    if kind == "self":
+        return pool_side(_pool(name, pools), False, limit)
     return file_split(name, held=False, seed=seed)[:limit]
 
 
-def source_eval(name: str, n: int, seed: int) -> list[Any]:
-    """The held-out evaluation prompts of a corpus or file source."""
-    if source_kind(name) == "stdlib":
+def source_eval(name: str, n: int, seed: int, pools: dict[str, list[Any]] | None = None) -> list[Any]:
+    """The held-out evaluation prompts of a corpus, self or file source."""
+    kind = source_kind(name)
+    if kind == "stdlib":
         return corpus_prompts(name, n, seed, held=True)
+    if kind == "self":
+        return pool_side(_pool(name, pools), True, n)
     return file_split(name, held=True, seed=seed)[:n]
 
 
-def evaluation_sets(names: list[str], builtin: list[Any]) -> list[Any]:
+def evaluation_sets(
+    names: list[str], builtin: list[Any], pools: dict[str, list[Any]] | None = None
+) -> list[Any]:
     """Every evaluation set a training prompt must not duplicate: `builtin` (the bench/demo draws of every
-    built-in offline workload) and the held-out sides of the named corpus and file sources."""
+    built-in offline workload) and the held-out sides of the named corpus, self and file sources."""
     out = list(builtin)
     for w in names:
         kind = source_kind(w)
         if kind == "stdlib":
             out += corpus_prompts(w, CORPUS_HOLDOUT, CORPUS_EVAL_SEED, held=True)
+        elif kind == "self":
+            pool = _pool(w, pools)
+            out += pool_side(pool, True, len(pool))
         elif kind == "file":
             out += file_split(w, held=True, seed=0)
     return out
 
 
+def describe_source(name: str) -> dict[str, Any]:
+    """What a training or evaluation source is, for the manifest."""
+    if is_self(name):
+        return {"kind": "self", "what": SELF_WHAT[name]}
+    return _describe_corpus(name)
+
+
 def dedup_training(name: str, cands: list[Any], dedup: Deduper, n: int) -> tuple[list[Any], int]:
     """(kept, dropped): the first `n` candidates of one source that duplicate no evaluation prompt, and how
     many were passed over on the way."""
-    near = source_kind(name) == "stdlib"
+    near = source_kind(name) in ("stdlib", "self")
     kept: list[Any] = []
     dropped = 0
     for p in cands:
@@ -114,6 +145,10 @@ def source_identity(recipe: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if any(source_kind(w) == "stdlib" for w in names):
         out["python"] = python_version()
+    if any(source_kind(w) == "self" for w in names):
+        from speclab.drafters.selfgen import SAMPLING, SELF_VERSION
+
+        out["self"] = [SELF_VERSION, SAMPLING]
     files = {w: file_fingerprint(w, {}) for w in names if source_kind(w) == "file"}
     if files:
         out["files"] = files

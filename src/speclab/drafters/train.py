@@ -45,6 +45,7 @@ from speclab.drafters.loop import (
     start_run,
     target_identity,
 )
+from speclab.drafters.selfgen import is_self, self_pool
 from speclab.drafters.sources import source_identity, source_stats
 from speclab.errors import SpeclabError
 from speclab.models.dflash import default_aux_layers
@@ -71,8 +72,23 @@ STDLIB_WORKLOADS = {
     "stdlib-math": 24,
 }
 STDLIB_EVAL = ["stdlib-explain", "stdlib-docqa", "stdlib-math", "offline-math", "offline-chat"]
+# requests the target writes itself (speclab.drafters.selfgen); the built-in workloads are left out
+SELF_WORKLOADS = {"self-chat": 256, "self-math": 128, "self-code": 128}
+SELF_EVAL = [
+    "self-chat",
+    "self-math",
+    "self-code",
+    "offline-chat",
+    "offline-math",
+    "offline-code-edit",
+    "stdlib-complete",
+]
 # training corpora by name: (training sources -> prompts, evaluation sources); "offline" is the original recipe
-CORPORA = {"offline": (DEFAULT_WORKLOADS, DEFAULT_EVAL), "stdlib": (STDLIB_WORKLOADS, STDLIB_EVAL)}
+CORPORA = {
+    "offline": (DEFAULT_WORKLOADS, DEFAULT_EVAL),
+    "stdlib": (STDLIB_WORKLOADS, STDLIB_EVAL),
+    "self": (SELF_WORKLOADS, SELF_EVAL),
+}
 
 
 @dataclass
@@ -211,9 +227,10 @@ def train_head(
     recipe: EagleRecipe,
     log: Any,
     max_minutes: float | None = None,
+    clock: tuple[float, float | None] | None = None,
 ) -> dict[str, Any]:
-    """TTT over length-bucketed batches of recipe.batch_size sequences, in the shared loop (drafters.loop);
-    returns training statistics and the held-out acceptance curve."""
+    """TTT over length-bucketed batches of recipe.batch_size sequences, in the shared loop (drafters.loop;
+    `clock`: the run's start and deadline); returns training statistics and the held-out acceptance curve."""
     order = sorted(range(len(train)), key=lambda i: (len(train[i].tokens), i))  # less padding
     batches = [order[i : i + recipe.batch_size] for i in range(0, len(order), recipe.batch_size)]
 
@@ -223,7 +240,7 @@ def train_head(
     def metrics() -> dict[str, Any]:
         return replay_metrics(head, heldout, recipe.k, left_out_sources(recipe)) if heldout else {}
 
-    return fit(head, train, batches, loss, metrics, recipe, log, max_minutes)
+    return fit(head, train, batches, loss, metrics, recipe, log, max_minutes, clock=clock)
 
 
 def target_path(target: str, prepare: bool = True) -> Path:
@@ -246,10 +263,13 @@ def train_eagle(
     log: Any = None,
     max_minutes: float | None = None,
     threads: int | None = None,
+    budget_minutes: float | None = None,
 ) -> Path:
-    """Train (or find cached) the EAGLE-3 head for recipe.target; returns its directory."""
+    """Train (or find cached) the EAGLE-3 head for recipe.target; returns its directory. `budget_minutes`
+    holds the whole run (data stage included) to that long (speclab.drafters.loop.fit)."""
     say = log or (lambda msg: None)
     t_start = start_run(recipe.seed, threads)
+    deadline = t_start + budget_minutes * 60 if budget_minutes else None
     target_dir, tcfg, key = eagle_key(recipe)
     aux = list(recipe.aux_layers or [])
     root = drafters_dir(recipe.target, cache_dir)
@@ -258,7 +278,8 @@ def train_eagle(
             say(f"eagle3 head for {recipe.target}: up to date at {out}")
             return out
         model, tok, _ = load_target(recipe.target)
-        return _train_locked(recipe, model, tok, target_dir, tcfg, aux, root, out, say, max_minutes, t_start)
+        clock = (t_start, deadline)
+        return _train_locked(recipe, model, tok, target_dir, tcfg, aux, root, out, say, max_minutes, clock)
 
 
 def data_chunks(prompts: list[Any], size: int = DATA_CHUNK) -> list[list[Any]]:
@@ -325,9 +346,10 @@ def load_data(
 
     t0 = time.perf_counter()
     dropped: dict[str, int] = {}
-    train_p = training_prompts(recipe.workloads, recipe.seed, dropped)
+    pools = self_pools(recipe, model, tok, root, ident, say)
+    train_p = training_prompts(recipe.workloads, recipe.seed, dropped, pools, tuple(recipe.eval_workloads))
     say(f"data: {len(train_p)} training prompts (evaluation prompts held out)")
-    held_p = eval_prompts(recipe.eval_workloads, recipe.eval_prompts, recipe.eval_seed)
+    held_p = eval_prompts(recipe.eval_workloads, recipe.eval_prompts, recipe.eval_seed, pools)
     overlap = {p.id for p in held_p} & {p.id for p in train_p}
     if overlap:
         raise SpeclabError(f"drafters: {len(overlap)} evaluation prompts are in the training data")
@@ -338,6 +360,18 @@ def load_data(
     heldout = cached(held_p, "eval")
     info["data_seconds"] = round(time.perf_counter() - t0, 1)
     return train, heldout, info
+
+
+def self_pools(recipe: Any, model: Any, tok: Any, root: Path, ident: Any, say: Any) -> dict[str, list[Any]]:
+    """The sampled requests of every self source the recipe trains or evaluates on (speclab.drafters.selfgen),
+    enough for its training prompts (with room for duplicates of evaluation prompts) and its evaluation."""
+    pools = {}
+    for w in dict.fromkeys([*recipe.workloads, *recipe.eval_workloads]):
+        if is_self(w):
+            n = int(recipe.workloads.get(w, 0))
+            need_held = recipe.eval_prompts if w in recipe.eval_workloads else 0
+            pools[w] = self_pool(model, tok, w, n + max(8, n // 10), need_held, recipe.seed, root, ident, say)
+    return pools
 
 
 def data_stats(train: list[Sequence], heldout: list[Sequence], info: dict[str, Any]) -> dict[str, Any]:
@@ -367,7 +401,7 @@ def _train_locked(
     out: Path,
     say: Any,
     max_minutes: float | None,
-    t_start: float,
+    clock: tuple[float, float | None],
 ) -> Path:
     train, heldout, data_info = load_data(recipe, aux, model, tok, target_dir, root, say)
 
@@ -382,10 +416,10 @@ def _train_locked(
         f"training: {sum(len(s.tokens) for s in train)} tokens, draft vocab {len(d2t)} "
         f"(covers {coverage:.1%} of held-out greedy tokens)"
     )
-    stats = train_head(head, train, heldout, recipe, say, max_minutes)
+    stats = train_head(head, train, heldout, recipe, say, max_minutes, clock)
 
     data = {**data_stats(train, heldout, data_info), "draft_vocab_coverage_heldout": round(coverage, 4)}
     head_info = manifest_head("eagle3", RECIPE_VERSION, recipe, target_dir, data)
-    publish_drafter(root, out, "eagle3", head.save, head_info, stats, t_start)
+    publish_drafter(root, out, "eagle3", head.save, head_info, stats, clock[0])
     say(f"eagle3 head for {recipe.target}: saved at {out}")
     return out
