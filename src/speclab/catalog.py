@@ -56,6 +56,8 @@ SAME_TOKENIZER_METHODS: tuple[str, ...] = tuple(
 )
 MODEL_FREE: tuple[str, ...] = tuple(n for n, f in CATALOG.items() if f.drafter == "lookup")
 MODEL_BASED: tuple[str, ...] = tuple(n for n, f in CATALOG.items() if f.drafter == "model")
+# engine drafters the live adaptive proposer can choose per row against the lookups (speclab.live.vllm_eagle)
+ADAPTIVE_DRAFTERS: tuple[str, ...] = ("eagle3",)
 # trace names of the built-in methods (a custom proposer adds custom:<name>)
 TRACE_METHODS: tuple[str, ...] = tuple(n for n, f in CATALOG.items() if f.drafter in ("lookup", "model"))
 REPLAY_METHODS: tuple[str, ...] = tuple(n for n, f in CATALOG.items() if f.replay)
