@@ -237,3 +237,40 @@ def test_worker_extension_offers_the_rpc_calls(monkeypatch: pytest.MonkeyPatch) 
 
     # vLLM refuses an extension whose names the worker already has
     assert not hasattr(CPUWorker, RPC_INSTALL) and not hasattr(CPUWorker, RPC_COUNTS)
+
+
+def test_the_drafters_cost_is_paid_by_every_option() -> None:
+    from speclab.costmodel import get_cost_model
+    from speclab.live.vllm_eagle import sunk_drafter_cost
+
+    cm = get_cost_model("smollm2-135m-cpu-live")
+    d = cm.draft["eagle3"]
+    live = sunk_drafter_cost(cm, "eagle3", K)
+    assert live.overhead_per_step == pytest.approx(cm.overhead_per_step + K * d.const)
+    assert live.overhead_per_request == pytest.approx(cm.overhead_per_request + K * d.num_spec)
+    assert live.draft["eagle3"].const == 0.0 and live.draft["ngram"] == cm.draft["ngram"]
+    assert cm.draft["eagle3"] is d  # the preset itself is left as it was
+    with pytest.raises(ConfigError, match="use chained"):
+        sunk_drafter_cost(cm, "ngram", K)
+
+
+def test_sweep_preset_parses() -> None:
+    from speclab.bench.spec import load_preset
+
+    sw = load_preset("adaptive-eagle-cpu")
+    by_label = {m.label: m for m in sw.methods}
+    assert {"none", "ngram-k3", "eagle3-k3", "adaptive-eagle3"} <= set(by_label)
+    ad = by_label["adaptive-eagle3"]
+    assert ad.name == "eagle3" and ad.options["proposer_options"]["methods"] == ["ngram", "eagle3"]
+
+
+def test_its_rows_are_not_taken_for_the_heads() -> None:
+    """Its drafts are not EAGLE-3's: its bench rows carry their own trace name, which replay refuses."""
+    from speclab.catalog import trace_method_name
+    from speclab.replay.runs import ADAPTIVE_REFUSAL, replay_spec
+
+    opts = {"model": "smollm2-135m-eagle3", "proposer_options": {}}
+    name = trace_method_name("eagle3", opts)
+    assert name == "custom:SpeclabAdaptiveEagle"
+    assert trace_method_name("eagle3", {"model": "h"}) == "eagle3"
+    assert replay_spec(name, opts, {}) == ADAPTIVE_REFUSAL

@@ -30,6 +30,7 @@ bench does both for a model-based `[[methods]]` entry with `proposer_options`).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +38,9 @@ from typing import Any
 import numpy as np
 
 from speclab.catalog import ADAPTIVE_DRAFTERS
+from speclab.costmodel import get_cost_model
+from speclab.costmodel.model import CostModel, DraftCost
+from speclab.errors import ConfigError
 from speclab.live.driver import DEFAULT_COST_MODEL, AdaptiveDriver
 
 #: vLLM's worker_extension_cls that can install the adapter (it also carries the CPU sampling fix)
@@ -82,7 +86,6 @@ def _params(fn: Any) -> tuple[str, ...]:
 def check_vllm(runner_cls: Any = None) -> None:
     """Assert the vLLM interfaces the adapter relies on (module docstring); raise RuntimeError naming the
     first one that changed."""
-    import dataclasses
 
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
@@ -123,10 +126,32 @@ def check_runner(runner: Any) -> None:
         )
 
 
+def sunk_drafter_cost(cm: CostModel, method: str, k: int) -> CostModel:
+    """The cost model as the live choice sees it: the engine runs its drafter at every step for k drafts
+    per row whatever the policy chooses, so the drafter's cost is the same for every option (none included).
+    Its drafting is moved into the per-step overhead (passes = k: const per pass per step, num_spec per
+    draft token per request; the kv term, 0 in the CPU presets, is left out) and choosing it costs nothing
+    more."""
+    d = cm.draft_for(method)
+    if d.form not in ("chained", "linear"):
+        raise ConfigError(
+            f"adaptive EAGLE: cost model {cm.name!r} prices {method} as {d.form!r}; use chained"
+        )
+    per_step = d.const * (k if d.form == "chained" else 1)
+    return dataclasses.replace(
+        cm,
+        name=f"{cm.name}, {method} sunk",
+        draft={**cm.draft, method: DraftCost("chained", const=0.0)},
+        overhead_per_step=cm.overhead_per_step + per_step,
+        overhead_per_request=cm.overhead_per_request + d.num_spec * k,
+    )
+
+
 class AdaptiveEagle:
     """The adapter on one model runner: wraps its sample_tokens (to see the step's committed tokens) and
     take_draft_token_ids (to rewrite the drafts per row). `options`: as SpeclabAdaptiveProposer's; `methods`
-    lists the lookups and the engine's drafter (default: n-gram and the drafter)."""
+    lists the lookups and the engine's drafter (default: n-gram and the drafter); the cost model's price of
+    the drafter is paid at every step (sunk_drafter_cost)."""
 
     def __init__(self, runner: Any, options: dict[str, Any] | None = None) -> None:
         check_runner(runner)
@@ -145,7 +170,9 @@ class AdaptiveEagle:
             kmax=kmax,
             max_model_len=getattr(runner, "max_model_len", None),
             methods=methods,
-            cost_model=str(o.get("cost_model", DEFAULT_COST_MODEL)),
+            cost_model=sunk_drafter_cost(
+                get_cost_model(str(o.get("cost_model", DEFAULT_COST_MODEL))), self.method, self.k
+            ),
             policy=str(o.get("policy", DEFAULT_POLICY)),
             ngram=o.get("ngram"),
             suffix=o.get("suffix"),
