@@ -274,3 +274,32 @@ def test_its_rows_are_not_taken_for_the_heads() -> None:
     assert name == "custom:SpeclabAdaptiveEagle"
     assert trace_method_name("eagle3", {"model": "h"}) == "eagle3"
     assert replay_spec(name, opts, {}) == ADAPTIVE_REFUSAL
+
+
+def test_profiler_counts_the_choice_as_drafting() -> None:
+    import time
+
+    from speclab.engine.instrument import StepProfiler
+
+    class Runner:
+        def __init__(self) -> None:
+            self.model = SimpleNamespace()
+            self._speclab_adaptive = object()  # the adapter is installed
+
+        def execute_model(self, so):
+            return None
+
+        def _model_forward(self):
+            return None
+
+        def take_draft_token_ids(self):
+            time.sleep(0.005)
+            return "drafts"
+
+    runner = Runner()
+    prof = StepProfiler(method="custom:SpeclabAdaptiveEagle", enabled=True)
+    prof.install(runner)
+    prof.begin_step()
+    st = prof._step
+    assert runner.take_draft_token_ids() == "drafts"
+    assert st is not None and st.propose_s >= 0.005
