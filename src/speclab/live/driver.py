@@ -19,6 +19,9 @@ engine has to do to feed that view from observable signals only:
   own formula), passed to `Policy.observe`;
 - the live batch: occupancy = rows in the call (prefilling rows included), batch KV = their tokens.
 
+With `engine_method` (speclab.live.vllm_eagle) the engine runs a model drafter itself at every step; the
+policy may choose it like a lookup, and `choose` then says how many of the engine's drafts a row keeps.
+
 A position the engine stepped over (inside a multi-token step) was never probed; it is given the draft of
 the last probed position shifted by the distance (the same source span, continued), which is what the
 lookup proposers nearly always return there. Censored matches (a draft that still agrees with everything
@@ -362,22 +365,26 @@ class AdaptiveDriver:
             self._set_offers(view, live)
         meth, k = self.policy.decide(view)
         for (i, req, _), j, kk in zip(live, meth.tolist(), k.tolist(), strict=True):
-            if j < 0 or kk <= 0:
-                self.counts["off"] += 1
-                continue
-            name = self.methods[j]
-            if name == self.engine_method:
-                n_d, draft = min(kk, self.kmax), []
-            else:
-                draft = [int(t) for t in req.hist[name].last[1][: min(kk, self.kmax)]]  # type: ignore[index]
-                n_d = len(draft)
-            if n_d == 0:
-                self.counts["off"] += 1
-                continue
-            self.counts[name] += 1
-            req.last_method, req.last_k = j, n_d
-            out[i] = (name, n_d, draft)
+            out[i] = self._take(req, j, kk)
         return out
+
+    def _take(self, req: _Request, j: int, kk: int) -> tuple[str | None, int, list[int]]:
+        """A row's decision (methods[j], k = kk; j < 0 or kk = 0: off) as (method, drafts, lookup draft),
+        counted and recorded as the request's pending step."""
+        name = self.methods[j] if j >= 0 and kk > 0 else None
+        draft: list[int] = []
+        n_d = 0
+        if name == self.engine_method and name is not None:
+            n_d = min(kk, self.kmax)
+        elif name is not None:
+            draft = [int(t) for t in req.hist[name].last[1][: min(kk, self.kmax)]]  # type: ignore[index]
+            n_d = len(draft)
+        if n_d == 0:
+            self.counts["off"] += 1
+            return None, 0, []
+        self.counts[name] += 1  # type: ignore[index]
+        req.last_method, req.last_k = j, n_d
+        return name, n_d, draft
 
     def _view(self, live: list[tuple[int, _Request, np.ndarray]], rows: int, kv: float) -> StepView:
         """The simulator's StepView for the decoding rows: hindsight and offers per probe over the last
