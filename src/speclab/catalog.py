@@ -56,6 +56,9 @@ SAME_TOKENIZER_METHODS: tuple[str, ...] = tuple(
 )
 MODEL_FREE: tuple[str, ...] = tuple(n for n, f in CATALOG.items() if f.drafter == "lookup")
 MODEL_BASED: tuple[str, ...] = tuple(n for n, f in CATALOG.items() if f.drafter == "model")
+# engine drafters the live adaptive proposer can choose per row against the lookups (speclab.live.vllm_eagle)
+ADAPTIVE_DRAFTERS: tuple[str, ...] = ("eagle3",)
+ADAPTIVE_EAGLE_TRACE = "custom:SpeclabAdaptiveEagle"
 # trace names of the built-in methods (a custom proposer adds custom:<name>)
 TRACE_METHODS: tuple[str, ...] = tuple(n for n, f in CATALOG.items() if f.drafter in ("lookup", "model"))
 REPLAY_METHODS: tuple[str, ...] = tuple(n for n, f in CATALOG.items() if f.replay)
@@ -66,7 +69,11 @@ NGRAM_MAX_N = 7
 
 
 def trace_method_name(method: str, options: dict[str, Any]) -> str:
-    """The trace method name of an engine method: custom_class runs appear as custom:<ClassName>."""
+    """The trace method name of an engine method: custom_class runs appear as custom:<ClassName>, the live
+    adaptive proposer over an engine drafter (proposer_options) as custom:SpeclabAdaptiveEagle (its drafts
+    are not the drafter's)."""
+    if method in ADAPTIVE_DRAFTERS and options.get("proposer_options") is not None:
+        return ADAPTIVE_EAGLE_TRACE
     if method == "custom_class":
         return "custom:" + str(options.get("model", "custom")).rsplit(".", 1)[-1]
     return method

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speclab.catalog import ENGINE_METHODS, METHODS_NEEDING_MODEL
+from speclab.catalog import ADAPTIVE_DRAFTERS, ENGINE_METHODS, METHODS_NEEDING_MODEL
 from speclab.errors import ConfigError
 from speclab.validation import MAX_BATCH_SIZE, show, unknown_keys
 
@@ -138,9 +138,10 @@ def _options(d: dict[str, Any], name: str, where: str) -> dict[str, Any]:
         if not isinstance(options.get("model"), str) or not options["model"].strip():
             raise ConfigError(f"{where}: field model: method {name} needs {what}")
     if "proposer_options" in options:
-        if name != "custom_class":
+        if name != "custom_class" and name not in ADAPTIVE_DRAFTERS:
             raise ConfigError(
-                f"{where}: field proposer_options: only custom_class (speclab's adapters) takes it"
+                f"{where}: field proposer_options: only custom_class (speclab's adapters) and "
+                f"{', '.join(ADAPTIVE_DRAFTERS)} (the live adaptive proposer over its drafter) take it"
             )
         if not isinstance(options["proposer_options"], dict):
             raise ConfigError(f"{where}: field proposer_options: expected a table")

@@ -37,6 +37,8 @@ EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 FIX_ENV = "SPECLAB_CPU_SAMPLING_FIX"
 #: the dotted name to pass as vLLM's `worker_extension_cls` (engine argument / `--worker-extension-cls`)
 WORKER_EXTENSION = "speclab.engine.sampling_ext.SamplingFixExtension"
+#: the same with the live adaptive proposer over the engine's model drafter (speclab.live.vllm_eagle)
+ADAPTIVE_EXTENSION = "speclab.engine.sampling_ext.AdaptiveEagleExtension"
 
 
 def expand_tokens(

@@ -9,7 +9,9 @@ Instance attributes of the runner are wrapped with timers (the class is untouche
   of k+1 tokens per request) plus `runner.model.compute_logits` (the target's lm_head over the sampled
   positions). Calls made while a proposal is running are not counted here.
 - propose ("draft:<method>"): `runner.propose_draft_token_ids` (everything the drafter does for one step:
-  input preparation, draft model / head forwards, n-gram or suffix lookups).
+  input preparation, draft model / head forwards, n-gram or suffix lookups), and where the live adaptive
+  proposer over the engine's drafter is installed (speclab.live.vllm_eagle), its choice of each row's drafts
+  in `runner.take_draft_token_ids`.
 - other ("overhead"): the step's wall clock (`LLMEngine.step()`) minus the two above: scheduling, input
   preparation, sampling and rejection sampling, bookkeeping, output processing.
 
@@ -123,6 +125,20 @@ class StepProfiler:
 
             return wrapper
 
+        orig_take = getattr(runner, "take_draft_token_ids", None)
+        if orig_take is not None and getattr(runner, "_speclab_adaptive", None) is not None:
+            # the live adaptive proposer over the engine's drafter (speclab.live.vllm_eagle) chooses each
+            # row's drafts here, after the step's bookkeeping: drafting time, as a custom proposer's
+            def take_draft_token_ids() -> Any:
+                st = prof._step
+                t0 = time.perf_counter()
+                try:
+                    return orig_take()
+                finally:
+                    if st is not None:
+                        st.propose_s += time.perf_counter() - t0
+
+            runner.take_draft_token_ids = take_draft_token_ids
         runner.execute_model = execute_model
         runner._model_forward = timed(orig_forward, "verify")
         if orig_propose is not None:

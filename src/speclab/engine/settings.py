@@ -10,7 +10,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from speclab.catalog import DRAFTER_CHECKPOINT_METHODS, SAME_TOKENIZER_METHODS
+from speclab.catalog import ADAPTIVE_DRAFTERS, DRAFTER_CHECKPOINT_METHODS, SAME_TOKENIZER_METHODS
 from speclab.engine import cpu_sampling
 from speclab.engine.protocol import EngineSpec
 from speclab.errors import SpeclabError
@@ -62,6 +62,12 @@ def speculative_config(spec: EngineSpec, drafter: str | None) -> dict[str, Any] 
     return cfg
 
 
+def adaptive_model_drafter(spec: EngineSpec) -> bool:
+    """A model drafter with proposer_options: the live adaptive proposer chooses per row between the
+    engine's drafter and the lookups (speclab.live.vllm_eagle)."""
+    return spec.method in ADAPTIVE_DRAFTERS and spec.options.get("proposer_options") is not None
+
+
 def llm_kwargs(spec: EngineSpec, target: str, drafter: str | None) -> dict[str, Any]:
     kw: dict[str, Any] = {
         "model": target,
@@ -80,6 +86,8 @@ def llm_kwargs(spec: EngineSpec, target: str, drafter: str | None) -> dict[str, 
         # a fractional size goes through the engine argument it sets instead (see engine.launch.kv_cache_env)
         kw["kv_cache_memory_bytes"] = int(spec.kv_cache_gib * 2**30)
     kw.update(cpu_sampling.engine_kwargs())  # sampled SD on the CPU build: speclab.engine.cpu_sampling
+    if adaptive_model_drafter(spec):  # the live adaptive proposer over the model drafter (live.vllm_eagle)
+        kw["worker_extension_cls"] = cpu_sampling.ADAPTIVE_EXTENSION
     sc = speculative_config(spec, drafter)
     if sc is not None:
         kw["speculative_config"] = sc

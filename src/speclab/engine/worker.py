@@ -53,7 +53,7 @@ from speclab.engine.protocol import (
     gate_ready_path,
     read_job,
 )
-from speclab.engine.settings import llm_kwargs, resolve_paths
+from speclab.engine.settings import adaptive_model_drafter, llm_kwargs, resolve_paths
 from speclab.errors import SpeclabError
 from speclab.timings import append_timings, cell_temperature
 
@@ -88,6 +88,9 @@ class Engine:
         self.kwargs = llm_kwargs(spec, self.target, self.drafter)
         t1 = time.perf_counter()
         self.llm = LLM(**self.kwargs)
+        self.adaptive = adaptive_model_drafter(spec)
+        if self.adaptive:  # the live adaptive proposer over the model drafter: speclab.live.vllm_eagle
+            self.llm.collective_rpc("speclab_adaptive_install", args=(spec.options["proposer_options"],))
         self.startup_s = time.perf_counter() - t1
         self.resolve_s = t1 - t0
         self.engine = self.llm.llm_engine
@@ -121,6 +124,10 @@ class Engine:
             "profiled": self.runner is not None,
             "speculative_config": self.kwargs.get("speculative_config"),
         }
+
+    def _adaptive_counts(self) -> dict[str, int]:
+        """Decisions per row so far of the live adaptive proposer over the model drafter (first worker)."""
+        return dict(self.llm.collective_rpc("speclab_adaptive_counts")[0]) if self.adaptive else {}
 
     def _find_runner(self) -> Any:
         try:
@@ -241,6 +248,7 @@ class Engine:
         spec = self.spec
         sd = spec.method != "none"
         before = spec_metrics(self.llm) if sd else None
+        counts0 = self._adaptive_counts()
         self.profiler.reset()
         self.profiler.enabled = True
         load0 = loadavg()
@@ -285,6 +293,8 @@ class Engine:
                         per_step_drafted=list(m.per_step_drafted) if m is not None else None,
                     )
                 )
+        # the live adaptive proposer over the model drafter: rows per decision in this cell
+        counts = {m: n - counts0.get(m, 0) for m, n in self._adaptive_counts().items()}
         mem = MemoryInfo(**vars(self.memory))
         mem.peak_rss_bytes = peak_rss_bytes()
         prof = self.profiler
@@ -305,6 +315,7 @@ class Engine:
             engine_info=dict(
                 self.info,
                 profiled_steps=prof.steps,
+                **({"adaptive_counts": counts} if self.adaptive else {}),
                 loadavg_start=load0,
                 loadavg_end=loadavg(),
                 cpus=os.cpu_count(),

@@ -19,6 +19,9 @@ engine has to do to feed that view from observable signals only:
   own formula), passed to `Policy.observe`;
 - the live batch: occupancy = rows in the call (prefilling rows included), batch KV = their tokens.
 
+With `engine_method` (speclab.live.vllm_eagle) the engine runs a model drafter itself at every step; the
+policy may choose it like a lookup, and `choose` then says how many of the engine's drafts a row keeps.
+
 A position the engine stepped over (inside a multi-token step) was never probed; it is given the draft of
 the last probed position shifted by the distance (the same source span, continued), which is what the
 lookup proposers nearly always return there. Censored matches (a draft that still agrees with everything
@@ -129,19 +132,19 @@ class AdaptiveDriver:
         ngram: dict[str, Any] | None = None,
         suffix: dict[str, Any] | None = None,
         ngram_impl: str = "auto",
+        engine_method: str | None = None,
     ) -> None:
         methods = tuple(methods)
-        model = [m for m in methods if m in MODEL_BASED]
+        model = [m for m in methods if m in MODEL_BASED and m != engine_method]
         if model:
             raise ConfigError(
                 f"adaptive proposer: {model[0]!r} is model-based; a custom_class proposer cannot run it "
                 f"(vLLM gives it no hidden states); use {', '.join(LIVE_METHODS)}"
             )
-        bad = [m for m in methods if m not in LIVE_METHODS]
+        have = (*LIVE_METHODS, engine_method) if engine_method else LIVE_METHODS
+        bad = [m for m in methods if m not in have]
         if bad:
-            raise ConfigError(
-                f"adaptive proposer: unknown method {bad[0]!r} (have: {', '.join(LIVE_METHODS)})"
-            )
+            raise ConfigError(f"adaptive proposer: unknown method {bad[0]!r} (have: {', '.join(have)})")
         if not methods or len(set(methods)) != len(methods):
             raise ConfigError("adaptive proposer: methods must be a non-empty list without repeats")
         if kmax < 1:
@@ -154,7 +157,7 @@ class AdaptiveDriver:
         if not isinstance(pol, AdaptiveBase):
             raise ConfigError(f"adaptive proposer: policy {policy!r} is not an adaptive policy")
         pol.bind(methods, self.cm, named=True)
-        missing = [m for m in methods if m not in pol.probes]
+        missing = [m for m in methods if m in LIVE_METHODS and m not in pol.probes]
         if missing:
             raise ConfigError(
                 f"adaptive proposer: cost model {self.cm.name!r} must charge {missing[0]} as a probe "
@@ -163,6 +166,9 @@ class AdaptiveDriver:
         pol.cost_model = self.cm
         self.policy = pol
         self.methods = methods
+        # the model-based drafter the engine runs itself at every step (its drafts are the engine's; the
+        # driver only says per row whether to keep them and how many): speclab.live.vllm_eagle
+        self.engine_method = engine_method if engine_method in methods else None
         self._cap = _CAPACITY
         pol.begin(
             PolicyContext(num_requests=self._cap, batch_size=0, k_max=dict.fromkeys(methods, self.kmax))
@@ -274,8 +280,18 @@ class AdaptiveDriver:
     ) -> list[list[int]]:
         """One proposer call: per row, this step's committed tokens (empty while prefilling), the row's
         token count (these included) and the token table (row i valid up to num_tokens[i])."""
+        return [draft for _, _, draft in self.choose(sampled_token_ids, num_tokens, token_ids)]
+
+    def choose(
+        self,
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens: np.ndarray,
+        token_ids: np.ndarray,
+    ) -> list[tuple[str | None, int, list[int]]]:
+        """As `step`, per row: (method chosen or None = off, k, the lookup's draft). For the engine's own
+        drafter (`engine_method`) the draft is empty: keep the engine's first k drafts of that row."""
         rows = len(sampled_token_ids)
-        out: list[list[int]] = [[] for _ in range(rows)]
+        out: list[tuple[str | None, int, list[int]]] = [(None, 0, []) for _ in range(rows)]
         kv = float(np.sum(np.asarray(num_tokens[:rows], dtype=np.float64)))
         live: list[tuple[int, _Request, np.ndarray]] = []
         args: list[tuple[Sequence[int], int]] = []  # per live row: this step's tokens, context length
@@ -332,7 +348,11 @@ class AdaptiveDriver:
                         self._suffix.step(req.suffix_id, row[: n - len(sampled)], sampled, row, 0)
                     req.hist[meth].last = (req.pos, [])
             self.probe_rows["probed" if run else "skipped"] += 1
-        offered = any(len(req.hist[m].last[1]) for _, req, _ in live for m in self.probes)  # type: ignore[index]
+        offered = self.engine_method is not None or any(
+            len(req.hist[m].last[1])  # type: ignore[index]
+            for _, req, _ in live
+            for m in self.probes
+        )
         if not live or (not offered and view is None):
             # nothing offered by any probe: every option drafts nothing, so the rule's answer is "off" for
             # all rows (its survival is 0 beyond the offer); skip computing it (a gated policy's decide also
@@ -345,18 +365,26 @@ class AdaptiveDriver:
             self._set_offers(view, live)
         meth, k = self.policy.decide(view)
         for (i, req, _), j, kk in zip(live, meth.tolist(), k.tolist(), strict=True):
-            if j < 0 or kk <= 0:
-                self.counts["off"] += 1
-                continue
-            name = self.methods[j]
-            draft = [int(t) for t in req.hist[name].last[1][: min(kk, self.kmax)]]  # type: ignore[index]
-            if len(draft) == 0:
-                self.counts["off"] += 1
-                continue
-            self.counts[name] += 1
-            req.last_method, req.last_k = j, len(draft)
-            out[i] = draft
+            out[i] = self._take(req, j, kk)
         return out
+
+    def _take(self, req: _Request, j: int, kk: int) -> tuple[str | None, int, list[int]]:
+        """A row's decision (methods[j], k = kk; j < 0 or kk = 0: off) as (method, drafts, lookup draft),
+        counted and recorded as the request's pending step."""
+        name = self.methods[j] if j >= 0 and kk > 0 else None
+        draft: list[int] = []
+        n_d = 0
+        if name == self.engine_method and name is not None:
+            n_d = min(kk, self.kmax)
+        elif name is not None:
+            draft = [int(t) for t in req.hist[name].last[1][: min(kk, self.kmax)]]  # type: ignore[index]
+            n_d = len(draft)
+        if n_d == 0:
+            self.counts["off"] += 1
+            return None, 0, []
+        self.counts[name] += 1  # type: ignore[index]
+        req.last_method, req.last_k = j, n_d
+        return name, n_d, draft
 
     def _view(self, live: list[tuple[int, _Request, np.ndarray]], rows: int, kv: float) -> StepView:
         """The simulator's StepView for the decoding rows: hindsight and offers per probe over the last

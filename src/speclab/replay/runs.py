@@ -14,13 +14,14 @@ from typing import Any
 import numpy as np
 
 from speclab.bench.results import ResultsStore, effective_options
-from speclab.catalog import NGRAM_MAX_N, NGRAM_MIN_N
+from speclab.catalog import ADAPTIVE_EAGLE_TRACE, NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.methods import make_proposer
 from speclab.methods.suffix import SuffixSpeculator, suffix_options
 from speclab.traces import RequestTrace
 
 SUFFIX_METHODS = ("suffix", "custom:SpeclabSuffixProposer")
 ADAPTIVE_METHOD = "custom:SpeclabAdaptiveProposer"
+ADAPTIVE_METHODS = (ADAPTIVE_METHOD, ADAPTIVE_EAGLE_TRACE)  # with the lookups only / with the EAGLE head too
 # The adaptive proposer's drafts at a step depend on the live batch (occupancy, KV) and on every earlier
 # step's outcome of the request, so no per-position trace of one proposer predicts them; its token-exactness
 # is checked against no SD by the bench and its decisions by tests/test_adaptive_live.py.
@@ -87,7 +88,7 @@ def replay_spec(
             "max_model_len": cli.get("max_model_len"),
             "threads": cli.get("threads"),
         }
-    if method == ADAPTIVE_METHOD:
+    if method in ADAPTIVE_METHODS:
         return ADAPTIVE_REFUSAL
     return f"no speclab replay for {method!r}"
 
@@ -254,7 +255,7 @@ def expected_traces(
             str(row.get("method", "")), dict(row.get("method_options") or {}))  # fmt: skip
         here = {**cli, "target": rec.meta.get("target") or cli.get("target"),
                 "dtype": rec.meta.get("dtype") or cli.get("dtype")}  # fmt: skip
-        spec = replay_spec(method, eopts, here) if method != ADAPTIVE_METHOD else ADAPTIVE_REFUSAL
+        spec = replay_spec(method, eopts, here) if method not in ADAPTIVE_METHODS else ADAPTIVE_REFUSAL
         if isinstance(spec, str):
             skipped[method] = spec
             continue
