@@ -320,8 +320,10 @@ def test_train_eagle_saves_a_manifest_and_reuses_the_cache(target, seqs, tmp_pat
 
     monkeypatch.setattr(tr, "load_target", lambda name: (target, None, tdir))
     monkeypatch.setattr(tr, "target_path", lambda name, prepare=True: tdir)
-    monkeypatch.setattr(tr, "training_prompts", lambda w, seed, report=None: prompts(8, "t"))
-    monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed: prompts(4, "e"))
+    monkeypatch.setattr(
+        tr, "training_prompts", lambda w, seed, report=None, pools=None, eval_sources=(): prompts(8, "t")
+    )
+    monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed, pools=None: prompts(4, "e"))
     monkeypatch.setattr(tr, "build_sequences", fake_build)
     recipe = EagleRecipe(target="tiny", draft_vocab=30, epochs=2, batch_size=4, evals=1, aux_layers=AUX)
     out = tr.train_eagle(recipe, cache_dir=str(tmp_path / "cache"))
@@ -361,7 +363,9 @@ def test_scaling_one_workload_generates_only_its_new_chunks(target, seqs, tmp_pa
         ]
 
     # a larger draw starts with a smaller one
-    def draw(workloads: dict[str, int], seed: int, report: dict | None = None) -> list:
+    def draw(
+        workloads: dict[str, int], seed: int, report: dict | None = None, pools=None, eval_sources=()
+    ) -> list:
         return [
             Prompt(f"{w}{i}", w, "chat", [{"role": "user", "content": str(i)}])
             for w, n in workloads.items()
@@ -372,7 +376,7 @@ def test_scaling_one_workload_generates_only_its_new_chunks(target, seqs, tmp_pa
     monkeypatch.setattr(tr, "target_path", lambda name, prepare=True: tdir)
     monkeypatch.setattr(tr, "training_prompts", draw)
     monkeypatch.setattr(tr, "build_sequences", fake_build)
-    monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed: draw({"e": 4}, 0))
+    monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed, pools=None: draw({"e": 4}, 0))
     base = dict(target="tiny", draft_vocab=30, epochs=1, batch_size=16, evals=1, aux_layers=AUX)
     small = tr.train_eagle(
         tr.EagleRecipe(**base, workloads={"a": DATA_CHUNK + 8, "b": 5}), str(tmp_path / "c")

@@ -312,7 +312,9 @@ def test_train_eagle_on_the_corpus_reports_sources_and_left_out_figures(lib, tmp
     ]
     monkeypatch.setattr(corpus, "stdlib_root", lambda: lib)
     monkeypatch.setattr(data, "heldout_prompts", lambda workloads=(): chat)
-    monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed: data.eval_prompts(w[:1], 3, seed) + chat)
+    monkeypatch.setattr(
+        tr, "eval_prompts", lambda w, n, seed, pools=None: data.eval_prompts(w[:1], 3, seed) + chat
+    )
     monkeypatch.setattr(tr, "load_target", lambda name: (target, None, tdir))
     monkeypatch.setattr(tr, "target_path", lambda name, prepare=True: tdir)
     monkeypatch.setattr(tr, "build_sequences", fake_build)

@@ -153,8 +153,10 @@ def fake_target(target, seqs, tmp_path, monkeypatch):
     for mod in (tr, di):
         monkeypatch.setattr(mod, "load_target", lambda name: (target, None, tdir))
         monkeypatch.setattr(mod, "target_path", lambda name, prepare=True: tdir)
-    monkeypatch.setattr(tr, "training_prompts", lambda w, seed, report=None: prompts(8, "t"))
-    monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed: prompts(4, "e"))
+    monkeypatch.setattr(
+        tr, "training_prompts", lambda w, seed, report=None, pools=None, eval_sources=(): prompts(8, "t")
+    )
+    monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed, pools=None: prompts(4, "e"))
     monkeypatch.setattr(tr, "build_sequences", fake_build)
     monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))
     return tdir, calls, prompts
@@ -202,7 +204,9 @@ def test_training_refuses_heldout_prompts_in_the_data(fake_target, monkeypatch) 
     import speclab.drafters.train as tr
 
     _, _, prompts = fake_target
-    monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed: prompts(2, "t"))  # ids of training prompts
+    monkeypatch.setattr(
+        tr, "eval_prompts", lambda w, n, seed, pools=None: prompts(2, "t")
+    )  # ids of training prompts
     with pytest.raises(SpeclabError, match="evaluation prompts are in the training data"):
         di.train_draft(DraftRecipe(target="tiny", depth=1, epochs=1, evals=1, aux_layers=AUX))
 

@@ -232,13 +232,15 @@ def apply_corpus(
     base, evals = CORPORA[corpus]
     recipe.workloads = scaled_workloads(base, scale, overrides)
     if eval_sources is not None:
-        evals = [_source_name(w.strip(), eval_sources) for w in eval_sources.split(",") if w.strip()]
+        evals = [
+            _source_name(w.strip(), w.strip(), "--eval-sources") for w in eval_sources.split(",") if w.strip()
+        ]
     recipe.eval_workloads = list(
         dict.fromkeys([*evals, *(w for w in recipe.workloads if w.startswith("file:"))])
     )
 
 
-def _source_name(name: str, item: str) -> str:
+def _source_name(name: str, item: str, option: str = "--workload-prompts") -> str:
     from speclab.drafters.corpus import SOURCES
     from speclab.drafters.data import OFFLINE_WORKLOADS
     from speclab.drafters.selfgen import SYSTEM
@@ -247,11 +249,11 @@ def _source_name(name: str, item: str) -> str:
     if name.startswith("file:"):
         path = Path(name[5:].strip()).expanduser()
         if not path.is_file():
-            raise ConfigError(f"--workload-prompts {item!r}: no such file {path}")
+            raise ConfigError(f"{option} {item!r}: no such file {path}")
         return f"file:{path.resolve()}"
     if name not in OFFLINE_WORKLOADS and name not in SOURCES and name not in SYSTEM:
         known = ", ".join(OFFLINE_WORKLOADS + tuple(SOURCES) + tuple(SYSTEM))
-        raise ConfigError(f"--workload-prompts {item!r}: unknown workload {name} (one of {known}, file:PATH)")
+        raise ConfigError(f"{option} {item!r}: unknown workload {name} (one of {known}, file:PATH)")
     return name
 
 
