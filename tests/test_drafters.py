@@ -345,6 +345,66 @@ def test_train_eagle_saves_a_manifest_and_reuses_the_cache(target, seqs, tmp_pat
     assert not tr.is_trained(out)
 
 
+def test_evaluate_replays_a_trained_head_on_the_same_cached_prompts(
+    target, seqs, tmp_path, monkeypatch
+) -> None:
+    """`drafters evaluate` on the sources training evaluated gives training's own final figures, from the
+    cached evaluation data (nothing decoded again), and marks a source the head never trained on left out."""
+    import speclab.drafters.assess as assess
+    import speclab.drafters.train as tr
+    from speclab.workloads.base import Prompt
+
+    tdir = tmp_path / "target"
+    tdir.mkdir()
+    (tdir / "config.json").write_text(json.dumps(target.config.to_dict()))
+    calls = []
+
+    def fake_build(model, tok, prompts, aux, max_new, max_prompt, batch_size=8, log=None):
+        calls.append(len(prompts))
+        return [
+            Sequence(**{**s.__dict__, "prompt_id": p.id, "workload": p.workload})
+            for p, s in zip(prompts, seqs, strict=False)
+        ]
+
+    def prompts(n: int, tag: str, w: str = "offline-chat") -> list:
+        return [Prompt(f"{tag}{i}", w, "chat", [{"role": "user", "content": str(i)}]) for i in range(n)]
+
+    for mod in (tr, assess):
+        monkeypatch.setattr(mod, "load_target", lambda name: (target, None, tdir))
+        monkeypatch.setattr(mod, "target_path", lambda name, prepare=True: tdir)
+    monkeypatch.setattr(
+        tr, "training_prompts", lambda w, seed, report=None, pools=None, eval_sources=(): prompts(8, "t")
+    )
+    monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed, pools=None: prompts(4, "e"))
+    monkeypatch.setattr(tr, "build_sequences", fake_build)
+    recipe = EagleRecipe(
+        target="tiny",
+        workloads={"offline-chat": 8},
+        eval_workloads=["offline-chat"],
+        draft_vocab=30,
+        epochs=2,
+        batch_size=4,
+        evals=1,
+        aux_layers=AUX,
+    )
+    out = tr.train_eagle(recipe, cache_dir=str(tmp_path / "cache"))
+    final = json.loads((out / "speclab-manifest.json").read_text())["final"]
+    monkeypatch.setattr(assess, "eval_prompts", lambda w, n, seed, pools=None: prompts(4, "e"))
+    res = assess.evaluate_head(out, ["offline-chat"], 4, cache_dir=str(tmp_path / "cache"))
+    assert calls == [8, 4]  # the evaluation data came from the cache
+    assert res["offline-chat"]["left_out"] is False
+    assert res["offline-chat"]["tokens_per_step"] == final["offline-chat"]["tokens_per_step"]
+    monkeypatch.setattr(
+        assess, "eval_prompts", lambda w, n, seed, pools=None: prompts(4, "x", "offline-math")
+    )
+    res = assess.evaluate_head(out, ["offline-math"], 4, cache_dir=str(tmp_path / "cache"))
+    assert calls == [8, 4, 4] and res["offline-math"]["left_out"] is True and res["left-out"]["steps"] > 0
+    from speclab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not a speclab-trained drafter"):
+        assess.evaluate_head(tmp_path, ["offline-math"], 4)
+
+
 def test_scaling_one_workload_generates_only_its_new_chunks(target, seqs, tmp_path, monkeypatch) -> None:
     import speclab.drafters.train as tr
     from speclab.drafters.data import DATA_CHUNK

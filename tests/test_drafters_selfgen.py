@@ -77,28 +77,28 @@ def test_prefix_ends_where_the_users_words_begin() -> None:
 
 def test_sampled_requests_keep_finished_ones_and_follow_the_chunk_seed() -> None:
     model, tok = FakeModel(TEXTS), FakeTok()
-    a = sg.sample_requests(model, tok, "self-chat", seed=0, chunk=0)
-    assert a == sg.sample_requests(model, tok, "self-chat", seed=0, chunk=0)
-    assert a != sg.sample_requests(model, tok, "self-chat", seed=0, chunk=1)
-    assert a != sg.sample_requests(model, tok, "self-math", seed=0, chunk=0)
+    a = sg.sample_requests(model, tok, "self-chat", 0, 0, {STOP})
+    assert a == sg.sample_requests(model, tok, "self-chat", 0, 0, {STOP})
+    assert a != sg.sample_requests(model, tok, "self-chat", 0, 1, {STOP})
+    assert a != sg.sample_requests(model, tok, "self-math", 0, 0, {STOP})
     assert all(len(t.split()) >= sg.MIN_WORDS and not t.endswith("~") for t in a)
     few = FakeModel(["too short", "never ends at all here~"])
-    assert sg.sample_requests(few, tok, "self-chat", seed=0, chunk=0) == []
+    assert sg.sample_requests(few, tok, "self-chat", 0, 0, {STOP}) == []
     # torch's global generator is left as it was (the head's initialisation follows the recipe seed)
     torch.manual_seed(5)
     expect = torch.rand(())
     torch.manual_seed(5)
-    sg.sample_requests(model, tok, "self-chat", seed=0, chunk=0)
+    sg.sample_requests(model, tok, "self-chat", 0, 0, {STOP})
     assert torch.rand(()) == expect
 
 
 def test_pool_is_cached_grows_by_prefix_and_splits_by_content(tmp_path: Path) -> None:
     model, tok = FakeModel(TEXTS), FakeTok()
-    small = sg.self_pool(model, tok, "self-chat", 20, 4, 0, tmp_path, "t")
+    small = sg.self_pool(model, tok, "self-chat", 20, 4, 0, tmp_path, "t", {STOP})
     calls = model.calls
-    again = sg.self_pool(model, tok, "self-chat", 20, 4, 0, tmp_path, "t")
+    again = sg.self_pool(model, tok, "self-chat", 20, 4, 0, tmp_path, "t", {STOP})
     assert model.calls == calls and [p.id for p in again] == [p.id for p in small]  # read from the cache
-    big = sg.self_pool(model, tok, "self-chat", 60, 8, 0, tmp_path, "t")
+    big = sg.self_pool(model, tok, "self-chat", 60, 8, 0, tmp_path, "t", {STOP})
     assert [p.id for p in big[: len(small)]] == [p.id for p in small]
     texts = [prompt_text(p) for p in big]
     assert len(set(texts)) == len(texts)  # a request sampled twice is one request
@@ -108,7 +108,7 @@ def test_pool_is_cached_grows_by_prefix_and_splits_by_content(tmp_path: Path) ->
         sg.is_held(prompt_text(p)) for p in train
     )
     assert {p.workload for p in big} == {"self-chat"} and {p.category for p in big} == {"chat"}
-    other = sg.self_pool(FakeModel(TEXTS), tok, "self-chat", 20, 4, 1, tmp_path, "t")
+    other = sg.self_pool(FakeModel(TEXTS), tok, "self-chat", 20, 4, 1, tmp_path, "t", {STOP})
     assert [p.id for p in other] != [p.id for p in small]  # another seed, other requests
     files = list(tmp_path.glob("requests-*.json"))
     assert files and all(json.loads(f.read_text())["source"] == "self-chat" for f in files)
@@ -119,13 +119,13 @@ def test_pool_that_keeps_nothing_fails_with_one_line(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(sg, "MAX_CHUNKS", 3)
     with pytest.raises(SpeclabError, match="3 chunks of sampled requests gave only 0"):
-        sg.self_pool(FakeModel(["x~"]), FakeTok(), "self-code", 5, 0, 0, tmp_path, "t")
+        sg.self_pool(FakeModel(["x~"]), FakeTok(), "self-code", 5, 0, 0, tmp_path, "t", {STOP})
 
 
 def test_training_prompts_from_a_pool_drop_duplicates_of_evaluation_prompts(
     tmp_path: Path, monkeypatch
 ) -> None:
-    pool = sg.self_pool(FakeModel(TEXTS), FakeTok(), "self-math", 40, 8, 0, tmp_path, "t")
+    pool = sg.self_pool(FakeModel(TEXTS), FakeTok(), "self-math", 40, 8, 0, tmp_path, "t", {STOP})
     planted = sg.pool_side(pool, False, 3)[2]
     evals = [Prompt("e1", "offline-math", "math", [user(prompt_text(planted).upper())])]
     monkeypatch.setattr(data, "heldout_prompts", lambda workloads=(): evals)

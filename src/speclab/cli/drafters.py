@@ -338,10 +338,13 @@ def show_cmd(path: str) -> None:
     m = json.loads((p / "speclab-manifest.json").read_text())
     curve = m["training"]["curve"]
     groups = [k for k, v in (curve[-1] if curve else {}).items() if isinstance(v, dict)]
+    run = bool(curve) and "run_seconds" in curve[0]
     click.echo(
-        "  curve (held out; per group: first-position acceptance / tokens per step; seconds of training):"
+        "  curve (held out; per group: first-position acceptance / tokens per step; seconds of training"
+        + ("; minutes since the run started, data stage included):" if run else "):")
     )
-    click.echo("    " + f"{'step':>5} {'tokens':>9} {'seconds':>8}" + "".join(f" {g:>22}" for g in groups))
+    head = f"{'step':>5} {'tokens':>9} {'seconds':>8}" + (f" {'run min':>7}" if run else "")
+    click.echo("    " + head + "".join(f" {g:>22}" for g in groups))
     for pt in curve:
         cells = "".join(
             f" {pt[g]['first_acceptance']:>14.3f} / {pt[g]['tokens_per_step']:.3f}"
@@ -349,4 +352,44 @@ def show_cmd(path: str) -> None:
             else f" {'-':>22}"
             for g in groups
         )
-        click.echo(f"    {pt.get('step', '-'):>5} {pt['train_tokens']:>9} {pt['seconds']:>8}" + cells)
+        mins = f" {pt.get('run_seconds', 0) / 60:>7.1f}" if run else ""
+        click.echo(f"    {pt.get('step', '-'):>5} {pt['train_tokens']:>9} {pt['seconds']:>8}{mins}" + cells)
+
+
+@command.command(name="evaluate")
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--sources",
+    required=True,
+    metavar="A,B,...",
+    help="Evaluation sources (built-in workloads, stdlib-*, self-*, file:PATH).",
+)
+@click.option(
+    "--prompts", type=click.IntRange(min=1), default=16, show_default=True, help="Prompts per source."
+)
+@click.option("--seed", type=int, default=42, show_default=True, help="Seed of the evaluation draw.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Drafters cache directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def evaluate_cmd(
+    path: str, sources: str, prompts: int, seed: int, cache_dir: str | None, as_json: bool
+) -> None:
+    """Replay a trained EAGLE-3 head on the evaluation prompts of SOURCES (the same prompts for any head),
+    each source marked left out of its training or held out of a training source."""
+    from speclab.drafters.assess import evaluate_head
+
+    names = [_source_name(w.strip(), w.strip(), "--sources") for w in sources.split(",") if w.strip()]
+    res = evaluate_head(Path(path), names, prompts, seed, cache_dir, log=lambda m: click.echo(m, err=True))
+    if as_json:
+        click.echo(json.dumps(res, indent=1))
+        return
+    for w, r in res.items():
+        if not isinstance(r, dict) or not r.get("steps"):
+            continue
+        kind = {True: "left out of training", False: "held out of a training source"}.get(
+            r.get("left_out"), w
+        )
+        pos = " ".join(f"{x:.2f}" for x in r.get("per_position", []))
+        click.echo(
+            f"  {w}: first-position acceptance {r['first_acceptance']:.3f}, tokens/step "
+            f"{r['tokens_per_step']:.3f}, per position {pos} ({r['steps']} steps, {kind})"
+        )

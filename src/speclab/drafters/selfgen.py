@@ -75,12 +75,13 @@ def _chunk_seed(seed: int, source: str, chunk: int) -> int:
 
 
 @torch.inference_mode()
-def sample_requests(model: Any, tok: Any, source: str, seed: int, chunk: int) -> list[str]:
-    """One chunk of CHUNK sampled requests (texts; those that did not end by themselves are dropped)."""
-    from speclab.drafters.data import eos_ids
-
+def sample_requests(
+    model: Any, tok: Any, source: str, seed: int, chunk: int, stop_ids: set[int]
+) -> list[str]:
+    """One chunk of CHUNK sampled requests (texts; those that did not end by themselves, at one of
+    `stop_ids`, are dropped)."""
     prefix = torch.tensor([request_prefix(tok, source)] * CHUNK)
-    stop = sorted(eos_ids(model, tok))
+    stop = sorted(stop_ids)
     with torch.random.fork_rng():
         torch.manual_seed(_chunk_seed(seed, source, chunk))
         out = model.generate(
@@ -128,10 +129,12 @@ def self_pool(
     seed: int,
     root: Path,
     target_files: Any,
+    stop_ids: set[int],
     say: Any = None,
 ) -> list[Prompt]:
     """Requests of one self source, in generation order, enough for `need_train` on the training side and
-    `need_held` on the held-out side. Chunks already cached are read, the others sampled and cached."""
+    `need_held` on the held-out side. Chunks already cached are read, the others sampled (ending at one of
+    `stop_ids`) and cached."""
     log = say or (lambda msg: None)
     pool: list[Prompt] = []
     seen: set[str] = set()
@@ -149,7 +152,7 @@ def self_pool(
         if path.is_file():
             texts = json.loads(path.read_text())["requests"]
         else:
-            texts = sample_requests(model, tok, source, seed, chunk)
+            texts = sample_requests(model, tok, source, seed, chunk, stop_ids)
             atomic_write_text(path, json.dumps({"source": source, "chunk": chunk, "requests": texts}))
             log(f"data: {source}: sampled request chunk {chunk + 1} ({len(texts)} kept of {CHUNK})")
         for text in texts:

@@ -33,6 +33,7 @@ from speclab.drafters.data import (
     Sequence,
     build_sequences,
     collate_topk,
+    eos_ids,
     eval_prompts,
     training_prompts,
 )
@@ -306,6 +307,40 @@ def chunk_key(chunk: list[Any], recipe: Any, aux: list[int], target_files: Any) 
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def cached_chunks(
+    prompts: list[Any],
+    kind: str,
+    recipe: Any,
+    aux: list[int],
+    model: Any,
+    tok: Any,
+    ident: Any,
+    root: Path,
+    say: Any,
+    info: dict[str, Any] | None = None,
+) -> list[Sequence]:
+    """The sequences of `prompts`, per chunk of DATA_CHUNK prompts of one workload: read from the cache
+    (`{kind}-<hash>.pt`) or generated and cached. `info` counts generated and cached prompts."""
+    chunks = data_chunks(prompts)
+    seqs: list[Sequence] = []
+    for i, chunk in enumerate(chunks):
+        path = root / f"{kind}-{chunk_key(chunk, recipe, aux, ident)}.pt"
+        t = time.perf_counter()
+
+        def build(chunk: list[Any] = chunk) -> list[Sequence]:
+            return build_sequences(
+                model, tok, chunk, aux, recipe.max_new_tokens, recipe.max_prompt_tokens, batch_size=DATA_CHUNK
+            )
+
+        fresh = not path.is_file()
+        seqs += cached_sequences(path, build, lambda m: None)
+        if info is not None:
+            info["generated_prompts" if fresh else "cached_prompts"] += len(chunk)
+        state = f"generated in {time.perf_counter() - t:.0f} s" if fresh else "cached"
+        say(f"data: {kind} chunk {i + 1}/{len(chunks)} ({chunk[0].workload}, {len(chunk)} prompts) {state}")
+    return seqs
+
+
 def load_data(
     recipe: Any, aux: list[int], model: Any, tok: Any, target_dir: Path, root: Path, say: Any
 ) -> tuple[list[Sequence], list[Sequence], dict[str, Any]]:
@@ -316,34 +351,6 @@ def load_data(
     Returns (training, held-out, {seconds, prompts generated now, prompts read from the cache})."""
     ident = target_identity(target_dir)
     info: dict[str, Any] = {"data_seconds": 0.0, "generated_prompts": 0, "cached_prompts": 0}
-
-    def cached(prompts: list[Any], kind: str) -> list[Sequence]:
-        chunks = data_chunks(prompts)
-        seqs: list[Sequence] = []
-        for i, chunk in enumerate(chunks):
-            path = root / f"{kind}-{chunk_key(chunk, recipe, aux, ident)}.pt"
-            t = time.perf_counter()
-
-            def build(chunk: list[Any] = chunk) -> list[Sequence]:
-                return build_sequences(
-                    model,
-                    tok,
-                    chunk,
-                    aux,
-                    recipe.max_new_tokens,
-                    recipe.max_prompt_tokens,
-                    batch_size=DATA_CHUNK,
-                )
-
-            fresh = not path.is_file()
-            seqs += cached_sequences(path, build, lambda m: None)
-            info["generated_prompts" if fresh else "cached_prompts"] += len(chunk)
-            state = f"generated in {time.perf_counter() - t:.0f} s" if fresh else "cached"
-            say(
-                f"data: {kind} chunk {i + 1}/{len(chunks)} ({chunk[0].workload}, {len(chunk)} prompts) {state}"
-            )
-        return seqs
-
     t0 = time.perf_counter()
     dropped: dict[str, int] = {}
     pools = self_pools(recipe, model, tok, root, ident, say)
@@ -356,8 +363,8 @@ def load_data(
     info.update(source_stats(recipe, train_p, held_p, dropped))
     for w, r in info["heldout_similarity"].items():
         say(f"data: {w}: held-out prompts' similarity to the nearest training prompt: median {r['median']}")
-    train = cached(train_p, "data")
-    heldout = cached(held_p, "eval")
+    train = cached_chunks(train_p, "data", recipe, aux, model, tok, ident, root, say, info)
+    heldout = cached_chunks(held_p, "eval", recipe, aux, model, tok, ident, root, say, info)
     info["data_seconds"] = round(time.perf_counter() - t0, 1)
     return train, heldout, info
 
@@ -370,7 +377,10 @@ def self_pools(recipe: Any, model: Any, tok: Any, root: Path, ident: Any, say: A
         if is_self(w):
             n = int(recipe.workloads.get(w, 0))
             need_held = recipe.eval_prompts if w in recipe.eval_workloads else 0
-            pools[w] = self_pool(model, tok, w, n + max(8, n // 10), need_held, recipe.seed, root, ident, say)
+            stop = eos_ids(model, tok)
+            pools[w] = self_pool(
+                model, tok, w, n + max(8, n // 10), need_held, recipe.seed, root, ident, stop, say
+            )
     return pools
 
 
