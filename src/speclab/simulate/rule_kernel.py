@@ -1,0 +1,419 @@
+"""The adaptive rule's per-step work as plain loops over scalars, for numba to compile (simulate/compiled.py).
+
+Each function restates one piece of speclab.policy (adaptive.AdaptiveBase's estimates and calibration,
+goodput.batch_choice for one engine step's batch under the linear target form) operation for operation, in
+the same order, so that the compiled loop's choices equal the numpy implementation's (tests/
+test_compiled_policy.py runs both). Compiled where numba imports (cached beside this module); without
+numba the functions stay plain Python and the simulator uses the numpy implementation instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from speclab.policy.adaptive import CAL_DECAY, CAL_MAX, CAL_MIN, CAL_WEIGHT, COPY_PRIOR, MB_DECAY
+from speclab.policy.adaptive import MB_PRIOR, MB_WEIGHT
+from speclab.policy.pooling import FIRST_WEIGHT, HINDSIGHT, RATE_WINDOW
+
+try:
+    import numba
+
+    jit = numba.njit(cache=True)
+except ImportError:  # pragma: no cover - numba is optional
+    numba = None
+
+    def jit(f):  # type: ignore[no-redef]
+        return f
+
+
+# drafting cost forms (costmodel.model.DraftCost.form) as codes
+VERIFY_FRACTION, CHAINED, FORWARDS, LINEAR = 0, 1, 2, 3
+NEG_INF = -np.inf
+
+
+@jit
+def _block_sum(a: np.ndarray, lo: int, n: int) -> float:
+    """numpy's pairwise float sum of a[lo:lo + n] for n <= 128: in order below 8, else 8 running sums."""
+    res = 0.0
+    if n < 8:
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r = np.empty(8)
+    for j in range(8):
+        r[j] = a[lo + j]
+    i = 8
+    while i < n - (n % 8):
+        for j in range(8):
+            r[j] += a[lo + i + j]
+        i += 8
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@jit
+def pairwise_sum(a: np.ndarray, n: int) -> float:
+    """numpy's float sum of a[:n], value for value: above 128 elements, halves (the first a multiple of 8)
+    summed alike and added; the halving without recursion (numba's cache does not keep recursive code)."""
+    todo = np.zeros((128, 3), np.int64)  # (start, length, halves summed?)
+    vals = np.zeros(128)
+    top, nv = 1, 0
+    todo[0, 0], todo[0, 1] = 0, n
+    while top:
+        top -= 1
+        lo, m, done = todo[top, 0], todo[top, 1], todo[top, 2]
+        if m <= 128:
+            vals[nv] = _block_sum(a, lo, m)
+            nv += 1
+        elif done:
+            vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
+            nv -= 1
+        else:
+            h = m // 2
+            h -= h % 8
+            todo[top, 2] = 1
+            todo[top + 1, 0], todo[top + 1, 1], todo[top + 1, 2] = lo + h, m - h, 0
+            todo[top + 2, 0], todo[top + 2, 1], todo[top + 2, 2] = lo, h, 0
+            top += 3
+    return vals[0]
+
+
+@jit
+def geometric_row(alpha: float, km: int, out: np.ndarray) -> None:
+    """goodput.geometric for one request: S(j) = a * a^(j - 1)."""
+    a = min(max(alpha, 1e-6), 0.999)
+    for j in range(km):
+        out[j] = a * a ** float(j)
+
+
+@jit
+def lookup_survival(
+    acc: np.ndarray, npr: np.ndarray, has_npr: bool, fi: np.ndarray, pos: np.ndarray, km: int,
+    f0: float, c0: float, out: np.ndarray,
+) -> None:  # fmt: skip
+    """AdaptiveBase.free_survival from hindsight (not gated, pool fixed at f0 / c0), capped by the offer."""
+    w = COPY_PRIOR + 1.0
+    cap_c = max(0.95, c0)
+    for r in range(len(fi)):
+        run = -1
+        hit = 0
+        tried = 0
+        for d in range(1, RATE_WINDOW + 1):
+            if pos[r] - d >= 0:
+                h = min(acc[max(fi[r] - d, 0)] - 1, d)
+                o = npr[max(fi[r] - d, 0)] if has_npr else 0
+            else:
+                h, o = -1, -1
+            if d <= HINDSIGHT and run < 0 and h != d:
+                run = d - 1
+            hit += h >= 1
+            tried += (o > 0) if has_npr else (h >= 0)
+        if run < 0:
+            run = HINDSIGHT
+        first = (hit + FIRST_WEIGHT * f0) / (tried + FIRST_WEIGHT)
+        cont = min((run + w * c0) / (run + w), cap_c)
+        geometric_row(cont if run >= 1 else first, km, out[r])
+        if has_npr:
+            for j in range(km):
+                if j >= npr[fi[r]]:
+                    out[r, j] = 0.0
+
+
+@jit
+def model_survival(s: np.ndarray, f: np.ndarray, req: np.ndarray, km: int, out: np.ndarray) -> None:
+    """AdaptiveBase.model_survival: the request's own discounted accepted drafts and stops."""
+    for r in range(len(req)):
+        alpha = (s[req[r]] + MB_WEIGHT * MB_PRIOR) / (s[req[r]] + f[req[r]] + MB_WEIGHT)
+        geometric_row(alpha, km, out[r])
+
+
+@jit
+def calibration(cal: np.ndarray, j: int) -> float:
+    """AdaptiveBase.calibration (a calibrating policy)."""
+    x = (cal[j, 1] + CAL_WEIGHT) / (cal[j, 0] + CAL_WEIGHT)
+    return min(max(x, CAL_MIN), CAL_MAX)
+
+
+@jit
+def option_columns(
+    surv: np.ndarray, kmax: np.ndarray, is_probe: np.ndarray, form: np.ndarray, dpar: np.ndarray,
+    caps: np.ndarray, has_cap: np.ndarray, w: float, tok: float, size: int, opst: float,
+) -> tuple:  # fmt: skip
+    """goodput._option_columns for one batch of `size` requests each standing for w sequences. dpar: per
+    method (kv, num_spec, const, fraction, batched) of its drafting cost."""
+    n = surv.shape[1]
+    nopt = 1 + int(kmax.sum())
+    M = np.full((n, nopt), -1, np.int64)
+    K = np.zeros((n, nopt))
+    E = np.ones((n, nopt))
+    S0 = np.zeros((n, nopt))
+    Pn = np.zeros((n, nopt))
+    c = 1
+    for j in range(len(kmax)):
+        km = kmax[j]
+        for r in range(n):
+            cum = 0.0
+            for q in range(km):
+                ks = q + 1.0
+                sec = w * ks * opst
+                p = 0.0
+                if not is_probe[j]:
+                    if form[j] == VERIFY_FRACTION:
+                        sec = sec + w * ks * tok * dpar[j, 3]
+                    elif form[j] == CHAINED:
+                        sec = sec + w * dpar[j, 1] * ks
+                        p = ks
+                    elif form[j] == FORWARDS:
+                        sec = sec + w * dpar[j, 4] * 2 * ks
+                        p = ks
+                    else:
+                        sec = sec + w * dpar[j, 1] * ks / max(size, 1)
+                        p = 1.0
+                cum += surv[j, r, q]  # 1 + np.cumsum: the running sum first
+                e = 1.0 + cum
+                o = c + q
+                M[r, o] = j
+                K[r, o] = ks
+                E[r, o] = e if (not has_cap[j] or ks <= caps[j, r]) else NEG_INF
+                S0[r, o] = sec
+                Pn[r, o] = p
+        c += km
+    return M, K, E, S0, Pn
+
+
+@jit
+def iterate(
+    w: float, E: np.ndarray, S0: np.ndarray, WK: np.ndarray, Pn: np.ndarray, P: float, base: float,
+    shared: float, tok0: float, tbat: float, frac: float, iters: int, choice: np.ndarray,
+) -> float:  # fmt: skip
+    """goodput._iterate for one pass count P and one batch: fills `choice` (option per request), returns
+    lam. A pass count whose choices repeat repeats lam, so stopping it alone equals the joint stop."""
+    n, nopt = E.shape
+    seqs = 0.0
+    for r in range(n):
+        seqs += w
+    lam = seqs / base
+    tok = tok0
+    for it in range(iters):
+        same = it > 0
+        for r in range(n):
+            best, bi = NEG_INF, 0
+            for o in range(nopt):
+                sc = w * E[r, o] - lam * (S0[r, o] + WK[r, o] * tok) if Pn[r, o] <= P else NEG_INF
+                if sc > best or o == 0:
+                    best, bi = sc, o
+            if bi != choice[r]:
+                same = False
+            choice[r] = bi
+        if same:
+            break
+        tot_e, pas, drafts, s0 = 0.0, 0.0, 0.0, 0.0
+        for r in range(n):
+            tot_e += w * E[r, choice[r]]
+            pas += Pn[r, choice[r]]
+            drafts += WK[r, choice[r]]
+            s0 += S0[r, choice[r]]
+        add = drafts * tbat
+        t = (shared if (pas > 0 or P == 0) else base) + add * (1 + frac) + s0
+        lam = tot_e / t
+        tok = (add / max(drafts, 1e-9) if drafts > 0 else tok0 / (1 + frac)) * (1 + frac)
+    return lam
+
+
+@jit
+def batch_choice(
+    surv: np.ndarray, kmax: np.ndarray, is_probe: np.ndarray, form: np.ndarray, dpar: np.ndarray,
+    caps: np.ndarray, has_cap: np.ndarray, occ: int, kv: int, cpar: np.ndarray, grid: np.ndarray,
+    iters: int, meth: np.ndarray, k: np.ndarray,
+) -> None:  # fmt: skip
+    """goodput.batch_choice for one engine step's batch (every request at occupancy occ and batch KV kv)
+    under the linear target form; cpar: (target kv, batched, const, overhead per step, per request, per
+    spec token, the probes' verify fraction). Fills meth, k."""
+    n = surv.shape[1]
+    tkv, tbat, tconst, ops, opr, opst, frac = cpar[0], cpar[1], cpar[2], cpar[3], cpar[4], cpar[5], cpar[6]
+    w = occ / n
+    seqs, kvs = 0.0, 0.0
+    for r in range(n):
+        seqs += w
+        kvs += float(kv)
+    kv_g = kvs / n
+    base = (tkv * kv_g + tbat * seqs + tconst) * (1 + frac) + ops + opr * seqs
+    extra = max(seqs, 1e-9)
+    hi = seqs + extra
+    tok = ((tkv * kv_g + tbat * hi + tconst) - (tkv * kv_g + tbat * seqs + tconst)) / extra * (1 + frac)
+    M, K, E, S0, Pn = option_columns(surv, kmax, is_probe, form, dpar, caps, has_cap, w, tok, n, opst)
+    WK = w * K
+    mb = False
+    per_pass = 0.0
+    for j in range(len(kmax)):
+        if not is_probe[j]:
+            mb = True
+            per_pass = per_pass + ((dpar[j, 0] * kv_g + dpar[j, 2]) if form[j] != VERIFY_FRACTION else 0.0)
+    lam0 = seqs / base
+    off = True
+    for r in range(n):
+        s_off = w * E[r, 0] - lam0 * (S0[r, 0] + WK[r, 0] * tok)
+        for o in range(1, E.shape[1]):
+            if w * E[r, o] - lam0 * (S0[r, o] + WK[r, o] * tok) > s_off:
+                off = False
+    if off:
+        for r in range(n):
+            meth[r], k[r] = M[r, 0], int(K[r, 0])
+        return
+    need = 0.0
+    for r in range(n):
+        for o in range(E.shape[1]):
+            need = max(need, Pn[r, o])
+    cut = len(grid) - 1
+    for g in range(len(grid)):
+        if grid[g] >= need:
+            cut = g
+            break
+    if not mb:
+        cut = 0
+    best_lam, best = NEG_INF, np.zeros(n, np.int64)
+    choice = np.zeros(n, np.int64)
+    for g in range(cut + 1):
+        P = float(grid[g]) if mb else 0.0
+        shared = base + grid[g] * per_pass if mb else base + 0.0
+        choice[:] = -1
+        lam = iterate(w, E, S0, WK, Pn, P, base, shared, tok, tbat, frac, iters, choice)
+        if lam > best_lam or g == 0:
+            best_lam = lam
+            best[:] = choice
+    for r in range(n):
+        meth[r], k[r] = M[r, best[r]], int(K[r, best[r]])
+
+
+@jit
+def decide_observe(
+    acc: np.ndarray, npr: np.ndarray, has_npr: np.ndarray, kmax: np.ndarray, is_probe: np.ndarray,
+    form: np.ndarray, dpar: np.ndarray, cpar: np.ndarray, grid: np.ndarray, prior: np.ndarray,
+    calibrates: bool, state: tuple, req: np.ndarray, fi: np.ndarray, pos: np.ndarray, occ: int, kv: int,
+    meth: np.ndarray, k: np.ndarray, a: np.ndarray, prod_raw: np.ndarray,
+) -> None:  # fmt: skip
+    """AdaptiveRule.decide and .observe for one engine step's running requests (not gated): fills meth, k,
+    the acceptance a at the position and the tokens produced (uncapped). state: (s, f, cal, pending)."""
+    s, f, cal, pending = state
+    nm, n = len(kmax), len(req)
+    raw = np.zeros((nm, n, max(kmax.max(), 1)))
+    surv = np.zeros_like(raw)
+    caps = np.zeros((nm, n), np.int64)
+    for j in range(nm):
+        if is_probe[j]:
+            lookup_survival(acc[j], npr[j], has_npr[j], fi, pos, kmax[j], prior[0], prior[1], raw[j])
+            for r in range(n):
+                caps[j, r] = npr[j, fi[r]] if has_npr[j] else 0
+        else:
+            model_survival(s[j], f[j], req, kmax[j], raw[j])
+        fac = calibration(cal, j) if calibrates and is_probe[j] else 1.0
+        for r in range(n):
+            for q in range(kmax[j]):
+                x = raw[j, r, q]
+                surv[j, r, q] = min(x * fac, 0.999) if calibrates and is_probe[j] else x
+    batch_choice(surv, kmax, is_probe, form, dpar, caps, has_npr & is_probe, occ, kv, cpar, grid, 3, meth, k)
+    for r in range(n):
+        m = meth[r]
+        a[r] = acc[m, fi[r]] if m >= 0 else 1
+        prod_raw[r] = min(a[r], k[r] + 1)
+        if calibrates:  # predict: the uncalibrated estimate of the drafts a lookup's choice gets accepted
+            pred = 0.0
+            if m >= 0 and k[r] > 0 and is_probe[m]:
+                cum = 0.0
+                for q in range(min(k[r], kmax[m])):
+                    cum += raw[m, r, q]
+                pred = cum
+            pending[req[r]] = pred
+    # observe: learn (model-based estimates), then calibrate_with
+    for r in range(n):
+        m = meth[r]
+        if m >= 0 and not is_probe[m]:
+            got = prod_raw[r] - 1
+            s[m, req[r]] = MB_DECAY * s[m, req[r]] + got
+            f[m, req[r]] = MB_DECAY * f[m, req[r]] + (1.0 if got < k[r] else 0.0)
+    if calibrates:
+        vals = np.empty(n)
+        for j in range(nm):
+            if not is_probe[j]:
+                continue
+            cnt, got_sum = 0, 0
+            for r in range(n):
+                if meth[r] == j and k[r] > 0 and not np.isnan(pending[req[r]]):
+                    vals[cnt] = pending[req[r]]
+                    got_sum += prod_raw[r] - 1
+                    cnt += 1
+            if cnt:
+                d = math.pow(CAL_DECAY, float(cnt))
+                cal[j, 0] *= d
+                cal[j, 1] *= d
+                cal[j, 0] += pairwise_sum(vals, cnt)
+                cal[j, 1] += float(got_sum)
+        for r in range(n):
+            pending[req[r]] = np.nan
+
+
+@jit
+def coupled_loop(
+    prompt_len: np.ndarray, out_len: np.ndarray, off: np.ndarray, n_inst: int, batch_size: int,
+    continuous: bool, extra: int, cap: int, acc: np.ndarray, npr: np.ndarray, has_npr: np.ndarray,
+    kmax: np.ndarray, is_probe: np.ndarray, form: np.ndarray, dpar: np.ndarray, cpar: np.ndarray,
+    grid: np.ndarray, prior: np.ndarray, calibrates: bool, state: tuple,
+) -> tuple:  # fmt: skip
+    """coupled.run_steps_coupled's loop: instance q runs request q mod n; admission as costs.schedule
+    admits. Returns (columns req, t, pos, meth, k, acc, produced, switched as rows of one array, rows used,
+    steps per instance)."""
+    n = len(out_len)
+    pos = np.ones(n_inst, np.int64)
+    n_steps = np.zeros(n_inst, np.int64)
+    prev = np.full(n_inst, -2, np.int64)
+    cols = np.zeros((8, cap), np.int64)
+    running = np.zeros(batch_size, np.int64)
+    nrun, nxt, row = 0, 0, 0
+    meth, k = np.zeros(batch_size, np.int64), np.zeros(batch_size, np.int64)
+    a, prod_raw = np.zeros(batch_size, np.int64), np.zeros(batch_size, np.int64)
+    while True:
+        if continuous:
+            take = min(batch_size - nrun, n_inst - nxt)
+        else:
+            take = min(batch_size, n_inst - nxt) if nrun == 0 else 0
+        first_new = nxt
+        nxt += take
+        if nrun == 0 and take == 0:
+            break
+        if nrun:
+            req = running[:nrun].copy()
+            i = req % n
+            p = pos[req]
+            fi = off[i] + p
+            kv = 0
+            for r in range(nrun):
+                kv += prompt_len[i[r]] + p[r] - 1 + extra
+            decide_observe(acc, npr, has_npr, kmax, is_probe, form, dpar, cpar, grid, prior, calibrates,
+                           state, req, fi, p, nrun + take, kv, meth[:nrun], k[:nrun], a[:nrun],
+                           prod_raw[:nrun])  # fmt: skip
+            keep = 0
+            for r in range(nrun):
+                q = req[r]
+                prod = min(prod_raw[r], out_len[i[r]] - p[r])
+                cols[0, row], cols[1, row], cols[2, row], cols[3, row] = q, n_steps[q], p[r], meth[r]
+                cols[4, row], cols[5, row], cols[6, row] = k[r], a[r], prod
+                cols[7, row] = 1 if (prev[q] != -2 and prev[q] != meth[r]) else 0
+                row += 1
+                prev[q] = meth[r]
+                pos[q] = p[r] + prod
+                n_steps[q] += 1
+                if pos[q] < out_len[i[r]]:
+                    running[keep] = q
+                    keep += 1
+            nrun = keep
+        # requests prefilled in this step run from the next one (a one-token output ends at its prefill)
+        for q in range(first_new, first_new + take):
+            if out_len[q % n] > 1:
+                running[nrun] = q
+                nrun += 1
+    return cols, row, n_steps
