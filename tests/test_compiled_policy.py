@@ -1,0 +1,121 @@
+"""The shipped online policy's compiled loop (simulate/compiled.py, numba) against the numpy loop it
+restates: the same step table, bit for bit, and the same estimates left in the policy, over the study-format
+fixture and random traces (recorded offers or not, every drafting form); where it does not cover a policy,
+or numba is not installed, the numpy loop runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speclab.costmodel import get_cost_model
+from speclab.costmodel.forms import TargetCost
+from speclab.costmodel.model import CostModel, DraftCost
+from speclab.policy import make_policy
+from speclab.policy.rules import bind_methods
+from speclab.simulate import compiled, fast, rule_kernel, simulate
+from speclab.simulate.coupled import run_steps_coupled
+from test_fast_policy import fixture_traces  # noqa: F401  (a fixture; tests/ is on sys.path)
+from test_simulate_adaptive import random_traces
+
+pytest.importorskip("numba")
+
+FIELDS = ("req", "t", "pos", "meth", "k", "acc", "produced", "switched", "cand", "n_steps", "probed")
+
+
+def both(monkeypatch, traces, cm, spec: str, batching: str, b: int, study: bool = False, passes: int = 1):
+    """(step table, policy) from the compiled loop, then from the numpy loop."""
+    out = []
+    for on in (True, False):
+        monkeypatch.setattr(compiled, "ENABLED", on)
+        p = make_policy(spec)
+        bind_methods([p], traces, cm)
+        p.cost_model = cm
+        ta = fast.prepare(traces, set(p.methods))
+        if on:  # the compiled loop does run here
+            assert compiled.run_steps_compiled(ta, p, batching, b, study, passes) is not None
+        _, st = run_steps_coupled(ta, p, batching, b, False, study, passes)
+        out.append((st, p))
+    return out
+
+
+def assert_same(pair) -> None:
+    (a, pa), (b, pb) = pair
+    assert len(a.req) > 0
+    for f in FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.dtype == y.dtype and np.array_equal(x, y), f
+    assert np.array_equal(pa.s, pb.s) and np.array_equal(pa.f, pb.f)
+    # the calibration sums predicted drafts: powers computed by numba's pow and numpy's own (vectorised) one
+    # may differ in the last bit, so its record is equal to rounding, while every choice above is identical
+    np.testing.assert_allclose(pa.cal, pb.cal, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(pa.pending, pb.pending, rtol=1e-12, atol=0)
+
+
+CASES = [("continuous", 1, False, 1), ("continuous", 4, False, 2), ("static", 3, False, 1), ("continuous", 16, True, 2)]
+
+
+@pytest.mark.parametrize("cm", ["llama3.1-8b-h100-chained", "llama3.1-8b-h100"])
+@pytest.mark.parametrize("spec", ["adaptive-gated", "adaptive"])
+def test_compiled_equals_numpy_on_the_fixture(monkeypatch, fixture_traces, cm: str, spec: str) -> None:  # noqa: F811
+    for batching, b, study, passes in CASES:
+        assert_same(both(monkeypatch, fixture_traces, get_cost_model(cm), spec, batching, b, study, passes))
+
+
+def forms_model(form: str) -> CostModel:
+    """A linear target, a cheap lookup (not gated), the model-based drafter in `form`, overheads per request
+    and per draft token (every term of the rule's option prices)."""
+    eagle = {"chained": DraftCost("chained", kv=1e-9, num_spec=1e-6, const=7e-4),
+             "linear": DraftCost("linear", kv=1e-9, num_spec=1e-6, const=9e-4),
+             "forwards": DraftCost("forwards", kv=1e-9, batched=2e-6, const=5e-4),
+             "verify_fraction": DraftCost("verify_fraction", fraction=0.08)}[form]  # fmt: skip
+    return CostModel("forms", TargetCost(kv=4e-8, batched=2e-5, const=6e-3),
+                     {"ngram": DraftCost("verify_fraction", fraction=0.004), "eagle": eagle},
+                     overhead_per_step=1.2e-3, overhead_per_request=1e-5, overhead_per_spec_token=2e-6)  # fmt: skip
+
+
+@pytest.mark.parametrize("form", ["chained", "linear", "forwards", "verify_fraction"])
+@pytest.mark.parametrize("nprop", [False, True])
+def test_compiled_equals_numpy_for_every_form_and_offers(monkeypatch, form: str, nprop: bool) -> None:
+    tr = random_traces(11 + nprop, 24, nprop)
+    for spec in ("adaptive-gated", "adaptive", "adaptive:eagle:6", "adaptive-gated:ngram:5"):
+        for batching, b, study, passes in CASES:
+            assert_same(both(monkeypatch, tr, forms_model(form), spec, batching, b, study, passes))
+
+
+def test_the_simulator_figures_are_the_same(monkeypatch, fixture_traces) -> None:  # noqa: F811
+    rows = []
+    for on in (True, False):
+        monkeypatch.setattr(compiled, "ENABLED", on)
+        rows.append(simulate(fixture_traces, "llama3.1-8b-h100-chained", ["adaptive-gated"], "continuous", [1, 4]))
+    for x, y in zip(*rows, strict=True):
+        assert x.to_dict() == y.to_dict()
+
+
+def _ran_compiled(monkeypatch, traces, cm, spec: str, patch=None) -> bool:
+    calls = []
+    inner = rule_kernel.coupled_loop
+    monkeypatch.setattr(rule_kernel, "coupled_loop", lambda *a: calls.append(1) or inner(*a))
+    p = make_policy(spec)
+    bind_methods([p], traces, cm)
+    p.cost_model = cm
+    if patch:
+        patch(p)
+    run_steps_coupled(fast.prepare(traces, set(p.methods)), p, "continuous", 2, False)
+    return bool(calls)
+
+
+def test_the_numpy_loop_runs_where_the_compiled_one_does_not_cover(monkeypatch) -> None:
+    tr = random_traces(3, 6, True)
+    gpu, cpu = get_cost_model("llama3.1-8b-h100-chained"), get_cost_model("smollm2-135m-cpu")
+    assert _ran_compiled(monkeypatch, tr, gpu, "adaptive-gated")
+    assert _ran_compiled(monkeypatch, tr, cpu, "adaptive-gated:ngram")  # a linear target, probes cheap
+    # gated (probes at >= 1% of the verify), pooled priors, a patched instance: the numpy loop
+    dear = forms_model("chained")
+    dear.draft["ngram"] = DraftCost("verify_fraction", fraction=0.02)
+    assert not _ran_compiled(monkeypatch, tr, dear, "adaptive-gated")
+    assert _ran_compiled(monkeypatch, tr, dear, "adaptive")  # never gated
+    assert not _ran_compiled(monkeypatch, tr, gpu, "adaptive-pooled")
+    assert not _ran_compiled(monkeypatch, tr, gpu, "adaptive-gated", lambda p: setattr(p, "decide", p.decide))
+    monkeypatch.setattr(rule_kernel, "numba", None)  # numba not installed
+    assert not compiled.available() and not _ran_compiled(monkeypatch, tr, gpu, "adaptive-gated")
