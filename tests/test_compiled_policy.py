@@ -52,7 +52,12 @@ def assert_same(pair) -> None:
     np.testing.assert_allclose(pa.pending, pb.pending, rtol=1e-12, atol=0)
 
 
-CASES = [("continuous", 1, False, 1), ("continuous", 4, False, 2), ("static", 3, False, 1), ("continuous", 16, True, 2)]
+CASES = [
+    ("continuous", 1, False, 1),
+    ("continuous", 4, False, 2),
+    ("static", 3, False, 1),
+    ("continuous", 16, True, 2),
+]
 
 
 @pytest.mark.parametrize("cm", ["llama3.1-8b-h100-chained", "llama3.1-8b-h100"])
@@ -87,7 +92,9 @@ def test_the_simulator_figures_are_the_same(monkeypatch, fixture_traces) -> None
     rows = []
     for on in (True, False):
         monkeypatch.setattr(compiled, "ENABLED", on)
-        rows.append(simulate(fixture_traces, "llama3.1-8b-h100-chained", ["adaptive-gated"], "continuous", [1, 4]))
+        rows.append(
+            simulate(fixture_traces, "llama3.1-8b-h100-chained", ["adaptive-gated"], "continuous", [1, 4])
+        )
     for x, y in zip(*rows, strict=True):
         assert x.to_dict() == y.to_dict()
 

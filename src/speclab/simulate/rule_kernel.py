@@ -13,8 +13,16 @@ import math
 
 import numpy as np
 
-from speclab.policy.adaptive import CAL_DECAY, CAL_MAX, CAL_MIN, CAL_WEIGHT, COPY_PRIOR, MB_DECAY
-from speclab.policy.adaptive import MB_PRIOR, MB_WEIGHT
+from speclab.policy.adaptive import (
+    CAL_DECAY,
+    CAL_MAX,
+    CAL_MIN,
+    CAL_WEIGHT,
+    COPY_PRIOR,
+    MB_DECAY,
+    MB_PRIOR,
+    MB_WEIGHT,
+)
 from speclab.policy.pooling import FIRST_WEIGHT, HINDSIGHT, RATE_WINDOW
 
 try:
@@ -195,7 +203,7 @@ def iterate(
     lam. A pass count whose choices repeat repeats lam, so stopping it alone equals the joint stop."""
     n, nopt = E.shape
     seqs = 0.0
-    for r in range(n):
+    for _r in range(n):
         seqs += w
     lam = seqs / base
     tok = tok0
@@ -238,7 +246,7 @@ def batch_choice(
     tkv, tbat, tconst, ops, opr, opst, frac = cpar[0], cpar[1], cpar[2], cpar[3], cpar[4], cpar[5], cpar[6]
     w = occ / n
     seqs, kvs = 0.0, 0.0
-    for r in range(n):
+    for _r in range(n):
         seqs += w
         kvs += float(kv)
     kv_g = kvs / n
