@@ -61,6 +61,9 @@ def run_steps_compiled(
     acc = np.stack([ta.acc[m] for m in ms]).astype(np.int64)
     npr = np.stack([np.zeros_like(ta.acc[m]) if ta.nprop[m] is None else ta.nprop[m] for m in ms])
     has_npr = np.array([ta.nprop[m] is not None for m in ms])
+    # per method and flat position, how many positions before it matched a first draft, are known, offered
+    flags = np.stack([acc >= 2, acc >= 1, npr > 0], axis=1).astype(np.int64)
+    counts = np.concatenate([np.zeros(flags.shape[:2] + (1,), np.int64), np.cumsum(flags, axis=2)], axis=2)
     is_probe = np.array([m in p.probes for m in ms])
     drafts = [cm.draft_for(m) for m in ms]
     form = np.array([FORMS[d.form] for d in drafts], np.int64)
@@ -75,8 +78,8 @@ def run_steps_compiled(
     state = (p.s, p.f, p.cal, p.pending)
     cols, rows, n_steps = rule_kernel.coupled_loop(
         ta.prompt_len, ta.out_len, ta.off, N, batch_size, batching == "continuous", 1 if study else 0,
-        max(int(ta.out_len.sum()) * passes, 1), acc, npr, has_npr, np.asarray(p.kmax, np.int64), is_probe,
-        form, dpar, cpar, np.asarray(PASS_GRID, np.int64), prior, p.CALIBRATES, state,
+        max(int(ta.out_len.sum()) * passes, 1), acc, npr, has_npr, counts, np.asarray(p.kmax, np.int64),
+        is_probe, form, dpar, cpar, np.asarray(PASS_GRID, np.int64), prior, p.CALIBRATES, state,
     )  # fmt: skip
     c = cols[:, :rows]
     st = StepTable(

@@ -101,28 +101,23 @@ def geometric_row(alpha: float, km: int, out: np.ndarray) -> None:
 
 @jit
 def lookup_survival(
-    acc: np.ndarray, npr: np.ndarray, has_npr: bool, fi: np.ndarray, pos: np.ndarray, km: int,
-    f0: float, c0: float, out: np.ndarray,
+    acc: np.ndarray, npr: np.ndarray, has_npr: bool, counts: np.ndarray, fi: np.ndarray, pos: np.ndarray,
+    km: int, f0: float, c0: float, out: np.ndarray,
 ) -> None:  # fmt: skip
-    """AdaptiveBase.free_survival from hindsight (not gated, pool fixed at f0 / c0), capped by the offer."""
+    """AdaptiveBase.free_survival from hindsight (not gated, pool fixed at f0 / c0), capped by the offer.
+    The window's counts are integers, so they are read off prefix counts (`counts`: per flat position,
+    how many before it have acc >= 2 (a first-draft match), acc >= 1 (a known hindsight) and an offer)."""
     w = COPY_PRIOR + 1.0
     cap_c = max(0.95, c0)
     for r in range(len(fi)):
-        run = -1
-        hit = 0
-        tried = 0
-        for d in range(1, RATE_WINDOW + 1):
-            if pos[r] - d >= 0:
-                h = min(acc[max(fi[r] - d, 0)] - 1, d)
-                o = npr[max(fi[r] - d, 0)] if has_npr else 0
-            else:
-                h, o = -1, -1
-            if d <= HINDSIGHT and run < 0 and h != d:
+        run = HINDSIGHT
+        for d in range(1, HINDSIGHT + 1):  # a copy in progress: matched through to now at each of the last d
+            if pos[r] - d < 0 or min(acc[fi[r] - d] - 1, d) != d:
                 run = d - 1
-            hit += h >= 1
-            tried += (o > 0) if has_npr else (h >= 0)
-        if run < 0:
-            run = HINDSIGHT
+                break
+        lo = fi[r] - min(pos[r], RATE_WINDOW)
+        hit = counts[0, fi[r]] - counts[0, lo]
+        tried = (counts[2, fi[r]] - counts[2, lo]) if has_npr else (counts[1, fi[r]] - counts[1, lo])
         first = (hit + FIRST_WEIGHT * f0) / (tried + FIRST_WEIGHT)
         cont = min((run + w * c0) / (run + w), cap_c)
         geometric_row(cont if run >= 1 else first, km, out[r])
@@ -153,66 +148,66 @@ def option_columns(
     caps: np.ndarray, has_cap: np.ndarray, w: float, tok: float, size: int, opst: float,
 ) -> tuple:  # fmt: skip
     """goodput._option_columns for one batch of `size` requests each standing for w sequences. dpar: per
-    method (kv, num_spec, const, fraction, batched) of its drafting cost."""
+    method (kv, num_spec, const, fraction, batched) of its drafting cost. Every request of one batch stands
+    for the same w, so an option's method M, drafts K, seconds S0 and passes Pn are one row for all; only the
+    expected tokens E are per request."""
     n = surv.shape[1]
     nopt = 1 + int(kmax.sum())
-    M = np.full((n, nopt), -1, np.int64)
-    K = np.zeros((n, nopt))
+    M = np.full(nopt, -1, np.int64)
+    K, S0, Pn = np.zeros(nopt), np.zeros(nopt), np.zeros(nopt)
     E = np.ones((n, nopt))
-    S0 = np.zeros((n, nopt))
-    Pn = np.zeros((n, nopt))
     c = 1
     for j in range(len(kmax)):
         km = kmax[j]
+        for q in range(km):
+            ks = q + 1.0
+            sec = w * ks * opst
+            p = 0.0
+            if not is_probe[j]:
+                if form[j] == VERIFY_FRACTION:
+                    sec = sec + w * ks * tok * dpar[j, 3]
+                elif form[j] == CHAINED:
+                    sec = sec + w * dpar[j, 1] * ks
+                    p = ks
+                elif form[j] == FORWARDS:
+                    sec = sec + w * dpar[j, 4] * 2 * ks
+                    p = ks
+                else:
+                    sec = sec + w * dpar[j, 1] * ks / max(size, 1)
+                    p = 1.0
+            M[c + q], K[c + q], S0[c + q], Pn[c + q] = j, ks, sec, p
         for r in range(n):
             cum = 0.0
             for q in range(km):
-                ks = q + 1.0
-                sec = w * ks * opst
-                p = 0.0
-                if not is_probe[j]:
-                    if form[j] == VERIFY_FRACTION:
-                        sec = sec + w * ks * tok * dpar[j, 3]
-                    elif form[j] == CHAINED:
-                        sec = sec + w * dpar[j, 1] * ks
-                        p = ks
-                    elif form[j] == FORWARDS:
-                        sec = sec + w * dpar[j, 4] * 2 * ks
-                        p = ks
-                    else:
-                        sec = sec + w * dpar[j, 1] * ks / max(size, 1)
-                        p = 1.0
                 cum += surv[j, r, q]  # 1 + np.cumsum: the running sum first
-                e = 1.0 + cum
-                o = c + q
-                M[r, o] = j
-                K[r, o] = ks
-                E[r, o] = e if (not has_cap[j] or ks <= caps[j, r]) else NEG_INF
-                S0[r, o] = sec
-                Pn[r, o] = p
+                ok = not has_cap[j] or q + 1.0 <= caps[j, r]
+                E[r, c + q] = 1.0 + cum if ok else NEG_INF
         c += km
     return M, K, E, S0, Pn
 
 
 @jit
 def iterate(
-    w: float, E: np.ndarray, S0: np.ndarray, WK: np.ndarray, Pn: np.ndarray, P: float, base: float,
-    shared: float, tok0: float, tbat: float, frac: float, iters: int, choice: np.ndarray,
+    wE: np.ndarray, S0: np.ndarray, WK: np.ndarray, Pn: np.ndarray, P: float, base: float, shared: float,
+    tok0: float, tbat: float, frac: float, iters: int, choice: np.ndarray, allowed: np.ndarray,
+    sc0: np.ndarray,
 ) -> float:  # fmt: skip
     """goodput._iterate for one pass count P and one batch: fills `choice` (option per request), returns
-    lam. A pass count whose choices repeat repeats lam, so stopping it alone equals the joint stop."""
-    n, nopt = E.shape
-    seqs = 0.0
-    for _r in range(n):
-        seqs += w
-    lam = seqs / base
-    tok = tok0
+    lam. A pass count whose choices repeat repeats lam, so stopping it alone equals the joint stop.
+    `allowed`: the options with Pn <= P in column order (option 0 first; the rest would score -inf);
+    wE: w * E; sc0: the first round's scores (at the all-off goodput and the first slope: the same for
+    every pass count, computed once)."""
+    n = wE.shape[0]
+    lam, tok = 0.0, tok0
+    price = np.empty(len(S0))
     for it in range(iters):
         same = it > 0
+        for o in allowed:
+            price[o] = S0[o] + WK[o] * tok
         for r in range(n):
             best, bi = NEG_INF, 0
-            for o in range(nopt):
-                sc = w * E[r, o] - lam * (S0[r, o] + WK[r, o] * tok) if Pn[r, o] <= P else NEG_INF
+            for o in allowed:
+                sc = sc0[r, o] if it == 0 else wE[r, o] - lam * price[o]
                 if sc > best or o == 0:
                     best, bi = sc, o
             if bi != choice[r]:
@@ -222,10 +217,10 @@ def iterate(
             break
         tot_e, pas, drafts, s0 = 0.0, 0.0, 0.0, 0.0
         for r in range(n):
-            tot_e += w * E[r, choice[r]]
-            pas += Pn[r, choice[r]]
-            drafts += WK[r, choice[r]]
-            s0 += S0[r, choice[r]]
+            tot_e += wE[r, choice[r]]
+            pas += Pn[choice[r]]
+            drafts += WK[choice[r]]
+            s0 += S0[choice[r]]
         add = drafts * tbat
         t = (shared if (pas > 0 or P == 0) else base) + add * (1 + frac) + s0
         lam = tot_e / t
@@ -263,20 +258,20 @@ def batch_choice(
             mb = True
             per_pass = per_pass + ((dpar[j, 0] * kv_g + dpar[j, 2]) if form[j] != VERIFY_FRACTION else 0.0)
     lam0 = seqs / base
+    wE = w * E
+    sc0 = wE - lam0 * (S0 + WK * tok)  # the first round's scores (goodput._all_off's too)
     off = True
     for r in range(n):
-        s_off = w * E[r, 0] - lam0 * (S0[r, 0] + WK[r, 0] * tok)
         for o in range(1, E.shape[1]):
-            if w * E[r, o] - lam0 * (S0[r, o] + WK[r, o] * tok) > s_off:
+            if sc0[r, o] > sc0[r, 0]:
                 off = False
     if off:
         for r in range(n):
-            meth[r], k[r] = M[r, 0], int(K[r, 0])
+            meth[r], k[r] = M[0], int(K[0])
         return
     need = 0.0
-    for r in range(n):
-        for o in range(E.shape[1]):
-            need = max(need, Pn[r, o])
+    for o in range(len(Pn)):
+        need = max(need, Pn[o])
     cut = len(grid) - 1
     for g in range(len(grid)):
         if grid[g] >= need:
@@ -290,19 +285,21 @@ def batch_choice(
         P = float(grid[g]) if mb else 0.0
         shared = base + grid[g] * per_pass if mb else base + 0.0
         choice[:] = -1
-        lam = iterate(w, E, S0, WK, Pn, P, base, shared, tok, tbat, frac, iters, choice)
+        allowed = np.flatnonzero(Pn <= P)
+        lam = iterate(wE, S0, WK, Pn, P, base, shared, tok, tbat, frac, iters, choice, allowed, sc0)
         if lam > best_lam or g == 0:
             best_lam = lam
             best[:] = choice
     for r in range(n):
-        meth[r], k[r] = M[r, best[r]], int(K[r, best[r]])
+        meth[r], k[r] = M[best[r]], int(K[best[r]])
 
 
 @jit
 def decide_observe(
-    acc: np.ndarray, npr: np.ndarray, has_npr: np.ndarray, kmax: np.ndarray, is_probe: np.ndarray,
-    form: np.ndarray, dpar: np.ndarray, cpar: np.ndarray, grid: np.ndarray, prior: np.ndarray,
-    calibrates: bool, state: tuple, req: np.ndarray, fi: np.ndarray, pos: np.ndarray, occ: int, kv: int,
+    acc: np.ndarray, npr: np.ndarray, has_npr: np.ndarray, counts: np.ndarray, kmax: np.ndarray,
+    is_probe: np.ndarray, form: np.ndarray, dpar: np.ndarray, cpar: np.ndarray, grid: np.ndarray,
+    prior: np.ndarray, calibrates: bool, state: tuple, req: np.ndarray, fi: np.ndarray, pos: np.ndarray,
+    occ: int, kv: int,
     meth: np.ndarray, k: np.ndarray, a: np.ndarray, prod_raw: np.ndarray,
 ) -> None:  # fmt: skip
     """AdaptiveRule.decide and .observe for one engine step's running requests (not gated): fills meth, k,
@@ -314,7 +311,9 @@ def decide_observe(
     caps = np.zeros((nm, n), np.int64)
     for j in range(nm):
         if is_probe[j]:
-            lookup_survival(acc[j], npr[j], has_npr[j], fi, pos, kmax[j], prior[0], prior[1], raw[j])
+            lookup_survival(
+                acc[j], npr[j], has_npr[j], counts[j], fi, pos, kmax[j], prior[0], prior[1], raw[j]
+            )
             for r in range(n):
                 caps[j, r] = npr[j, fi[r]] if has_npr[j] else 0
         else:
@@ -369,7 +368,7 @@ def decide_observe(
 def coupled_loop(
     prompt_len: np.ndarray, out_len: np.ndarray, off: np.ndarray, n_inst: int, batch_size: int,
     continuous: bool, extra: int, cap: int, acc: np.ndarray, npr: np.ndarray, has_npr: np.ndarray,
-    kmax: np.ndarray, is_probe: np.ndarray, form: np.ndarray, dpar: np.ndarray, cpar: np.ndarray,
+    counts: np.ndarray, kmax: np.ndarray, is_probe: np.ndarray, form: np.ndarray, dpar: np.ndarray, cpar: np.ndarray,
     grid: np.ndarray, prior: np.ndarray, calibrates: bool, state: tuple,
 ) -> tuple:  # fmt: skip
     """coupled.run_steps_coupled's loop: instance q runs request q mod n; admission as costs.schedule
@@ -401,8 +400,8 @@ def coupled_loop(
             kv = 0
             for r in range(nrun):
                 kv += prompt_len[i[r]] + p[r] - 1 + extra
-            decide_observe(acc, npr, has_npr, kmax, is_probe, form, dpar, cpar, grid, prior, calibrates,
-                           state, req, fi, p, nrun + take, kv, meth[:nrun], k[:nrun], a[:nrun],
+            decide_observe(acc, npr, has_npr, counts, kmax, is_probe, form, dpar, cpar, grid, prior,
+                           calibrates, state, req, fi, p, nrun + take, kv, meth[:nrun], k[:nrun], a[:nrun],
                            prod_raw[:nrun])  # fmt: skip
             keep = 0
             for r in range(nrun):
