@@ -188,31 +188,45 @@ def option_columns(
 
 @jit
 def iterate(
-    wE: np.ndarray, S0: np.ndarray, WK: np.ndarray, Pn: np.ndarray, P: float, base: float, shared: float,
-    tok0: float, tbat: float, frac: float, iters: int, choice: np.ndarray, allowed: np.ndarray,
-    sc0: np.ndarray,
+    g: int, wE: np.ndarray, S0: np.ndarray, WK: np.ndarray, Pn: np.ndarray, P: float, Pprev: float,
+    lam0: float, base: float, shared: float, tok0: float, tbat: float, frac: float, choice: np.ndarray,
+    memo_v: np.ndarray, memo_lam: np.ndarray, memo: np.ndarray,
 ) -> float:  # fmt: skip
-    """goodput._iterate for one pass count P and one batch: fills `choice` (option per request), returns
-    lam. A pass count whose choices repeat repeats lam, so stopping it alone equals the joint stop.
-    `allowed`: the options with Pn <= P in column order (option 0 first; the rest would score -inf);
-    wE: w * E; sc0: the first round's scores (at the all-off goodput and the first slope: the same for
-    every pass count, computed once)."""
-    n = wE.shape[0]
-    lam, tok = 0.0, tok0
-    price = np.empty(len(S0))
+    """goodput._iterate for the g-th pass count P and one batch: fills `choice` (option per request),
+    returns lam. A pass count whose choices repeat repeats lam, so stopping it alone equals the joint stop.
+    An option is allowed where Pn <= P (the rest score -inf in numpy). A round that starts from the same
+    lam and slope as the previous pass count's same round scores every option alike, so its first best is
+    that round's first best (memo_v, memo[g - 1, it]: value and option per request) weighed against the
+    options P adds alone (ties to the lower column, as a scan in column order keeps the first)."""
+    n, nopt, iters = wE.shape[0], len(S0), memo.shape[1]
+    lam, tok = lam0, tok0
+    price = np.empty(nopt)
     for it in range(iters):
-        same = it > 0
-        for o in allowed:
+        for o in range(nopt):
             price[o] = S0[o] + WK[o] * tok
+        inc = g > 0 and memo[g - 1, it, 0] >= 0 and memo_lam[g - 1, it, 0] == lam
+        inc = inc and memo_lam[g - 1, it, 1] == tok
+        same = it > 0
         for r in range(n):
-            best, bi = NEG_INF, 0
-            for o in allowed:
-                sc = sc0[r, o] if it == 0 else wE[r, o] - lam * price[o]
-                if sc > best or o == 0:
-                    best, bi = sc, o
+            if inc:
+                best, bi = memo_v[g - 1, it, r], memo[g - 1, it, r]
+                for o in range(nopt):
+                    if Pn[o] <= P and Pn[o] > Pprev:
+                        sc = wE[r, o] - lam * price[o]
+                        if sc > best or (sc == best and o < bi):
+                            best, bi = sc, o
+            else:
+                best, bi = NEG_INF, 0
+                for o in range(nopt):
+                    if Pn[o] <= P:
+                        sc = wE[r, o] - lam * price[o]
+                        if sc > best or o == 0:
+                            best, bi = sc, o
+            memo_v[g, it, r], memo[g, it, r] = best, bi
             if bi != choice[r]:
                 same = False
             choice[r] = bi
+        memo_lam[g, it, 0], memo_lam[g, it, 1] = lam, tok
         if same:
             break
         tot_e, pas, drafts, s0 = 0.0, 0.0, 0.0, 0.0
@@ -259,7 +273,7 @@ def batch_choice(
             per_pass = per_pass + ((dpar[j, 0] * kv_g + dpar[j, 2]) if form[j] != VERIFY_FRACTION else 0.0)
     lam0 = seqs / base
     wE = w * E
-    sc0 = wE - lam0 * (S0 + WK * tok)  # the first round's scores (goodput._all_off's too)
+    sc0 = wE - lam0 * (S0 + WK * tok)  # the first round's scores (goodput._all_off)
     off = True
     for r in range(n):
         for o in range(1, E.shape[1]):
@@ -281,12 +295,15 @@ def batch_choice(
         cut = 0
     best_lam, best = NEG_INF, np.zeros(n, np.int64)
     choice = np.zeros(n, np.int64)
+    memo = np.full((cut + 1, iters, n), -1, np.int64)  # per pass count and round: each request's choice
+    memo_v, memo_lam = np.empty((cut + 1, iters, n)), np.empty((cut + 1, iters, 2))
     for g in range(cut + 1):
         P = float(grid[g]) if mb else 0.0
         shared = base + grid[g] * per_pass if mb else base + 0.0
         choice[:] = -1
-        allowed = np.flatnonzero(Pn <= P)
-        lam = iterate(wE, S0, WK, Pn, P, base, shared, tok, tbat, frac, iters, choice, allowed, sc0)
+        Pprev = float(grid[g - 1]) if g > 0 else -1.0
+        lam = iterate(g, wE, S0, WK, Pn, P, Pprev, lam0, base, shared, tok, tbat, frac, choice, memo_v,
+                      memo_lam, memo)  # fmt: skip
         if lam > best_lam or g == 0:
             best_lam = lam
             best[:] = choice
