@@ -16,6 +16,7 @@ from speclab.costmodel.forms import TargetCost
 from speclab.policy.adaptive import COPY_PRIOR
 from speclab.policy.core import Policy, PolicyContext
 from speclab.policy.goodput import PASS_GRID
+from speclab.policy.pooling import HINDSIGHT, RATE_WINDOW
 from speclab.policy.rules import AdaptiveGated, AdaptiveRule
 from speclab.simulate import rule_kernel
 from speclab.simulate.fast import StepTable, TraceArrays, check_probes, repeat_requests
@@ -75,7 +76,9 @@ def run_steps_compiled(
     # the lookups' priors: the pool stays empty (pool_counts only under POOL_PRIORS), as free_survival reads it
     h, t, cs, ck = 0.0, 0.0, 0.0, 0.0
     prior = np.array([(h + 0.25) / (t + 4.0), (cs + COPY_PRIOR) / (ck + COPY_PRIOR + 1.0)])
-    state = (p.s, p.f, p.cal, p.pending)
+    # the lookups' survival rows by (run, hits, tries), filled as met (rule_kernel.lookup_survival)
+    rows = np.full((len(ms), HINDSIGHT + 1 + (RATE_WINDOW + 1) ** 2, max(p.kmax)), -1.0)
+    state = (p.s, p.f, p.cal, p.pending, rows)
     cols, rows, n_steps = rule_kernel.coupled_loop(
         ta.prompt_len, ta.out_len, ta.off, N, batch_size, batching == "continuous", 1 if study else 0,
         max(int(ta.out_len.sum()) * passes, 1), acc, npr, has_npr, counts, np.asarray(p.kmax, np.int64),

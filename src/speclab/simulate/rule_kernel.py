@@ -102,11 +102,13 @@ def geometric_row(alpha: float, km: int, out: np.ndarray) -> None:
 @jit
 def lookup_survival(
     acc: np.ndarray, npr: np.ndarray, has_npr: bool, counts: np.ndarray, fi: np.ndarray, pos: np.ndarray,
-    km: int, f0: float, c0: float, out: np.ndarray,
+    km: int, f0: float, c0: float, rows: np.ndarray, out: np.ndarray,
 ) -> None:  # fmt: skip
     """AdaptiveBase.free_survival from hindsight (not gated, pool fixed at f0 / c0), capped by the offer.
     The window's counts are integers, so they are read off prefix counts (`counts`: per flat position,
-    how many before it have acc >= 2 (a first-draft match), acc >= 1 (a known hindsight) and an offer)."""
+    how many before it have acc >= 2 (a first-draft match), acc >= 1 (a known hindsight) and an offer).
+    The estimate is a function of (run, hits, tries) alone: each one's row is computed once (`rows`, by
+    key; column 0 negative until then)."""
     w = COPY_PRIOR + 1.0
     cap_c = max(0.95, c0)
     for r in range(len(fi)):
@@ -118,9 +120,12 @@ def lookup_survival(
         lo = fi[r] - min(pos[r], RATE_WINDOW)
         hit = counts[0, fi[r]] - counts[0, lo]
         tried = (counts[2, fi[r]] - counts[2, lo]) if has_npr else (counts[1, fi[r]] - counts[1, lo])
-        first = (hit + FIRST_WEIGHT * f0) / (tried + FIRST_WEIGHT)
-        cont = min((run + w * c0) / (run + w), cap_c)
-        geometric_row(cont if run >= 1 else first, km, out[r])
+        key = run if run >= 1 else HINDSIGHT + 1 + hit * (RATE_WINDOW + 1) + tried
+        if rows[key, 0] < 0:
+            first = (hit + FIRST_WEIGHT * f0) / (tried + FIRST_WEIGHT)
+            cont = min((run + w * c0) / (run + w), cap_c)
+            geometric_row(cont if run >= 1 else first, km, rows[key])
+        out[r, :km] = rows[key, :km]
         if has_npr:
             for j in range(km):
                 if j >= npr[fi[r]]:
@@ -320,8 +325,9 @@ def decide_observe(
     meth: np.ndarray, k: np.ndarray, a: np.ndarray, prod_raw: np.ndarray,
 ) -> None:  # fmt: skip
     """AdaptiveRule.decide and .observe for one engine step's running requests (not gated): fills meth, k,
-    the acceptance a at the position and the tokens produced (uncapped). state: (s, f, cal, pending)."""
-    s, f, cal, pending = state
+    the acceptance a at the position and the tokens produced (uncapped). state: (s, f, cal, pending, the
+    lookups' survival rows)."""
+    s, f, cal, pending, rows = state
     nm, n = len(kmax), len(req)
     raw = np.zeros((nm, n, max(kmax.max(), 1)))
     surv = np.zeros_like(raw)
@@ -329,7 +335,7 @@ def decide_observe(
     for j in range(nm):
         if is_probe[j]:
             lookup_survival(
-                acc[j], npr[j], has_npr[j], counts[j], fi, pos, kmax[j], prior[0], prior[1], raw[j]
+                acc[j], npr[j], has_npr[j], counts[j], fi, pos, kmax[j], prior[0], prior[1], rows[j], raw[j]
             )
             for r in range(n):
                 caps[j, r] = npr[j, fi[r]] if has_npr[j] else 0
