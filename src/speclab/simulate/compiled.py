@@ -36,7 +36,7 @@ def covers(policy: Policy) -> bool:
     """Whether the compiled loop restates `policy` exactly (after policy.begin: its cost model is bound)."""
     if not (ENABLED and available() and type(policy) in (AdaptiveRule, AdaptiveGated)):
         return False
-    if any(name in vars(policy) for name in _OWN) or not policy.methods:
+    if any(name in vars(policy) for name in _OWN) or not policy.methods or policy.heuristic_ok:
         return False  # a patched instance (the tests spy on decide)
     cm = policy.cm
     return (
@@ -63,8 +63,10 @@ def run_steps_compiled(
     npr = np.stack([np.zeros_like(ta.acc[m]) if ta.nprop[m] is None else ta.nprop[m] for m in ms])
     has_npr = np.array([ta.nprop[m] is not None for m in ms])
     # per method and flat position, how many positions before it matched a first draft, are known, offered
-    flags = np.stack([acc >= 2, acc >= 1, npr > 0], axis=1).astype(np.int64)
-    counts = np.concatenate([np.zeros(flags.shape[:2] + (1,), np.int64), np.cumsum(flags, axis=2)], axis=2)
+    flags = np.stack([acc >= 2, acc >= 1, npr > 0], axis=1)
+    ctype = np.int32 if acc.shape[1] < 2**31 else np.int64
+    counts = np.zeros(flags.shape[:2] + (acc.shape[1] + 1,), ctype)
+    np.cumsum(flags, axis=2, dtype=ctype, out=counts[:, :, 1:])
     is_probe = np.array([m in p.probes for m in ms])
     drafts = [cm.draft_for(m) for m in ms]
     form = np.array([FORMS[d.form] for d in drafts], np.int64)
