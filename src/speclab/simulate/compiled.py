@@ -80,7 +80,9 @@ def run_steps_compiled(
     prior = np.array([(h + 0.25) / (t + 4.0), (cs + COPY_PRIOR) / (ck + COPY_PRIOR + 1.0)])
     # the lookups' survival rows by (run, hits, tries), filled as met (rule_kernel.lookup_survival)
     rows = np.full((len(ms), HINDSIGHT + 1 + (RATE_WINDOW + 1) ** 2, max(p.kmax)), -1.0)
-    state = (p.s, p.f, p.cal, p.pending, rows)
+    # each request's last model-based rate (nan: none yet) and its survival row
+    last, last_rows = np.full((len(ms), N), np.nan), np.zeros((len(ms), N, max(p.kmax)))
+    state = (p.s, p.f, p.cal, p.pending, rows, last, last_rows)
     cols, rows, n_steps = rule_kernel.coupled_loop(
         ta.prompt_len, ta.out_len, ta.off, N, batch_size, batching == "continuous", 1 if study else 0,
         max(int(ta.out_len.sum()) * passes, 1), acc, npr, has_npr, counts, np.asarray(p.kmax, np.int64),

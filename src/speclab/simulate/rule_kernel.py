@@ -133,11 +133,19 @@ def lookup_survival(
 
 
 @jit
-def model_survival(s: np.ndarray, f: np.ndarray, req: np.ndarray, km: int, out: np.ndarray) -> None:
-    """AdaptiveBase.model_survival: the request's own discounted accepted drafts and stops."""
+def model_survival(
+    s: np.ndarray, f: np.ndarray, req: np.ndarray, km: int, last: np.ndarray, last_row: np.ndarray,
+    out: np.ndarray,
+) -> None:  # fmt: skip
+    """AdaptiveBase.model_survival: the request's own discounted accepted drafts and stops. A request's
+    estimate changes only at steps that drafted from the method: its row is kept (last: the rate it is for)."""
     for r in range(len(req)):
-        alpha = (s[req[r]] + MB_WEIGHT * MB_PRIOR) / (s[req[r]] + f[req[r]] + MB_WEIGHT)
-        geometric_row(alpha, km, out[r])
+        q = req[r]
+        alpha = (s[q] + MB_WEIGHT * MB_PRIOR) / (s[q] + f[q] + MB_WEIGHT)
+        if alpha != last[q]:
+            geometric_row(alpha, km, last_row[q])
+            last[q] = alpha
+        out[r, :km] = last_row[q, :km]
 
 
 @jit
@@ -326,8 +334,8 @@ def decide_observe(
 ) -> None:  # fmt: skip
     """AdaptiveRule.decide and .observe for one engine step's running requests (not gated): fills meth, k,
     the acceptance a at the position and the tokens produced (uncapped). state: (s, f, cal, pending, the
-    lookups' survival rows)."""
-    s, f, cal, pending, rows = state
+    lookups' survival rows, each request's model-based rate and row)."""
+    s, f, cal, pending, rows, last, last_rows = state
     nm, n = len(kmax), len(req)
     raw = np.zeros((nm, n, max(kmax.max(), 1)))
     surv = np.zeros_like(raw)
@@ -340,7 +348,7 @@ def decide_observe(
             for r in range(n):
                 caps[j, r] = npr[j, fi[r]] if has_npr[j] else 0
         else:
-            model_survival(s[j], f[j], req, kmax[j], raw[j])
+            model_survival(s[j], f[j], req, kmax[j], last[j], last_rows[j], raw[j])
         fac = calibration(cal, j) if calibrates and is_probe[j] else 1.0
         for r in range(n):
             for q in range(kmax[j]):
