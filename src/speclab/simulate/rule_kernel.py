@@ -201,17 +201,18 @@ def option_columns(
 
 @jit
 def iterate(
-    g: int, wE: np.ndarray, S0: np.ndarray, WK: np.ndarray, Pn: np.ndarray, P: float, Pprev: float,
+    g: int, wET: np.ndarray, S0: np.ndarray, WK: np.ndarray, Pn: np.ndarray, P: float, Pprev: float,
     lam0: float, base: float, shared: float, tok0: float, tbat: float, frac: float, choice: np.ndarray,
     memo_v: np.ndarray, memo_lam: np.ndarray, memo: np.ndarray,
 ) -> float:  # fmt: skip
-    """goodput._iterate for the g-th pass count P and one batch: fills `choice` (option per request),
+    """goodput._iterate for the g-th pass count P and one batch (wET: w * E, option-major): fills `choice`,
     returns lam. A pass count whose choices repeat repeats lam, so stopping it alone equals the joint stop.
     An option is allowed where Pn <= P (the rest score -inf in numpy). A round that starts from the same
     lam and slope as the previous pass count's same round scores every option alike, so its first best is
     that round's first best (memo_v, memo[g - 1, it]: value and option per request) weighed against the
     options P adds alone (ties to the lower column, as a scan in column order keeps the first)."""
-    n, nopt, iters = wE.shape[0], len(S0), memo.shape[1]
+    nopt, n = wET.shape
+    iters = memo.shape[1]
     lam, tok = lam0, tok0
     price = np.empty(nopt)
     for it in range(iters):
@@ -219,32 +220,33 @@ def iterate(
             price[o] = S0[o] + WK[o] * tok
         inc = g > 0 and memo[g - 1, it, 0] >= 0 and memo_lam[g - 1, it, 0] == lam
         inc = inc and memo_lam[g - 1, it, 1] == tok
+        bv, bo = memo_v[g, it], memo[g, it]  # this round's first best per request: value, option
+        if inc:
+            bv[:] = memo_v[g - 1, it]
+            bo[:] = memo[g - 1, it]
+        else:
+            lp = lam * price[0]
+            for r in range(n):
+                bv[r], bo[r] = wET[0, r] - lp, 0
+        for o in range(1, nopt):  # option by option, each across the requests (contiguous)
+            if Pn[o] <= P and (not inc or Pn[o] > Pprev):
+                lp = lam * price[o]
+                row = wET[o]
+                for r in range(n):
+                    sc = row[r] - lp
+                    if sc > bv[r] or (inc and sc == bv[r] and o < bo[r]):
+                        bv[r], bo[r] = sc, o
         same = it > 0
         for r in range(n):
-            if inc:
-                best, bi = memo_v[g - 1, it, r], memo[g - 1, it, r]
-                for o in range(nopt):
-                    if Pn[o] <= P and Pn[o] > Pprev:
-                        sc = wE[r, o] - lam * price[o]
-                        if sc > best or (sc == best and o < bi):
-                            best, bi = sc, o
-            else:
-                best, bi = NEG_INF, 0
-                for o in range(nopt):
-                    if Pn[o] <= P:
-                        sc = wE[r, o] - lam * price[o]
-                        if sc > best or o == 0:
-                            best, bi = sc, o
-            memo_v[g, it, r], memo[g, it, r] = best, bi
-            if bi != choice[r]:
+            if bo[r] != choice[r]:
                 same = False
-            choice[r] = bi
+            choice[r] = bo[r]
         memo_lam[g, it, 0], memo_lam[g, it, 1] = lam, tok
         if same:
             break
         tot_e, pas, drafts, s0 = 0.0, 0.0, 0.0, 0.0
         for r in range(n):
-            tot_e += wE[r, choice[r]]
+            tot_e += wET[choice[r], r]
             pas += Pn[choice[r]]
             drafts += WK[choice[r]]
             s0 += S0[choice[r]]
@@ -308,6 +310,7 @@ def batch_choice(
         cut = 0
     best_lam, best = NEG_INF, np.zeros(n, np.int64)
     choice = np.zeros(n, np.int64)
+    wET = np.ascontiguousarray(wE.T)  # option-major: a round scores one option across the requests
     memo = np.full((cut + 1, iters, n), -1, np.int64)  # per pass count and round: each request's choice
     memo_v, memo_lam = np.empty((cut + 1, iters, n)), np.empty((cut + 1, iters, 2))
     for g in range(cut + 1):
@@ -315,7 +318,7 @@ def batch_choice(
         shared = base + grid[g] * per_pass if mb else base + 0.0
         choice[:] = -1
         Pprev = float(grid[g - 1]) if g > 0 else -1.0
-        lam = iterate(g, wE, S0, WK, Pn, P, Pprev, lam0, base, shared, tok, tbat, frac, choice, memo_v,
+        lam = iterate(g, wET, S0, WK, Pn, P, Pprev, lam0, base, shared, tok, tbat, frac, choice, memo_v,
                       memo_lam, memo)  # fmt: skip
         if lam > best_lam or g == 0:
             best_lam = lam
