@@ -10,6 +10,8 @@ tests/test_compiled_policy.py runs both and compares them.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from speclab.costmodel.forms import TargetCost
@@ -21,14 +23,16 @@ from speclab.policy.rules import AdaptiveGated, AdaptiveRule
 from speclab.simulate import rule_kernel
 from speclab.simulate.fast import StepTable, TraceArrays, check_probes, repeat_requests
 
-ENABLED = True  # False: always the numpy loop (the tests compare the two)
+# False: always the numpy loop (the tests compare the two; SPECLAB_COMPILED=0 in the environment: a run
+# that should not compile, e.g. once after an install where ~20 s of compiling would outweigh the run)
+ENABLED = os.environ.get("SPECLAB_COMPILED", "1") != "0"
 FORMS = {"verify_fraction": rule_kernel.VERIFY_FRACTION, "chained": rule_kernel.CHAINED,
          "forwards": rule_kernel.FORWARDS, "linear": rule_kernel.LINEAR}  # fmt: skip
 _OWN = ("decide", "observe", "gate", "gate_done", "survival", "calibrated", "predict", "learn")
 
 
 def available() -> bool:
-    """Whether numba compiled the kernel (it is an optional dependency)."""
+    """Whether numba imports, so the kernel is compiled (it is an optional dependency)."""
     return rule_kernel.numba is not None
 
 
