@@ -101,8 +101,8 @@ def test_the_simulator_figures_are_the_same(monkeypatch, fixture_traces) -> None
 
 def _ran_compiled(monkeypatch, traces, cm, spec: str, patch=None) -> bool:
     calls = []
-    inner = rule_kernel.coupled_loop
-    monkeypatch.setattr(rule_kernel, "coupled_loop", lambda *a: calls.append(1) or inner(*a))
+    inner = compiled.coupled_loop
+    monkeypatch.setattr(compiled, "coupled_loop", lambda *a: calls.append(1) or inner(*a))
     p = make_policy(spec)
     bind_methods([p], traces, cm)
     p.cost_model = cm

@@ -2,8 +2,8 @@
 restatement lacks; elsewhere, or without numba, coupled.run_steps_coupled runs the numpy implementation.
 
 Covered: `adaptive` and `adaptive-gated` whose probes cost less than GATE_MIN_COST of the verify (so the
-gate never skips a probe: every cost model shipped for a GPU), under the linear target form, in static
-or continuous batching (the coupled loop's modes). The compiled loop (rule_kernel.coupled_loop) returns the
+gate never skips a probe: one lookup under the shipped GPU cost models), under the linear target form, in
+static or continuous batching (the coupled loop's modes). The compiled loop (coupled_loop below) returns the
 same step table as the numpy loop and leaves the policy's estimates (s, f, cal, pending) as it would;
 tests/test_compiled_policy.py runs both and compares them.
 """
@@ -22,6 +22,7 @@ from speclab.policy.pooling import HINDSIGHT, RATE_WINDOW
 from speclab.policy.rules import AdaptiveGated, AdaptiveRule
 from speclab.simulate import rule_kernel
 from speclab.simulate.fast import StepTable, TraceArrays, check_probes, repeat_requests
+from speclab.simulate.rule_kernel import decide_observe, jit
 
 # False: always the numpy loop (the tests compare the two; SPECLAB_COMPILED=0 in the environment: a run
 # that should not compile, e.g. once after an install where ~20 s of compiling would outweigh the run)
@@ -87,7 +88,7 @@ def run_steps_compiled(
     # each request's last model-based rate (nan: none yet) and its survival row
     last, last_rows = np.full((len(ms), N), np.nan), np.zeros((len(ms), N, max(p.kmax)))
     state = (p.s, p.f, p.cal, p.pending, rows, last, last_rows)
-    cols, rows, n_steps = rule_kernel.coupled_loop(
+    cols, rows, n_steps = coupled_loop(
         ta.prompt_len, ta.out_len, ta.off, N, batch_size, batching == "continuous", 1 if study else 0,
         max(int(ta.out_len.sum()) * passes, 1), acc, npr, has_npr, counts, np.asarray(p.kmax, np.int64),
         is_probe, form, dpar, cpar, np.asarray(PASS_GRID, np.int64), prior, p.CALIBRATES, state,
@@ -99,3 +100,65 @@ def run_steps_compiled(
         probed=np.ones(rows, bool),
     )  # fmt: skip
     return tx, st
+
+
+@jit
+def coupled_loop(
+    prompt_len: np.ndarray, out_len: np.ndarray, off: np.ndarray, n_inst: int, batch_size: int,
+    continuous: bool, extra: int, cap: int, acc: np.ndarray, npr: np.ndarray, has_npr: np.ndarray,
+    counts: np.ndarray, kmax: np.ndarray, is_probe: np.ndarray, form: np.ndarray, dpar: np.ndarray, cpar: np.ndarray,
+    grid: np.ndarray, prior: np.ndarray, calibrates: bool, state: tuple,
+) -> tuple:  # fmt: skip
+    """coupled.run_steps_coupled's loop: instance q runs request q mod n; admission as costs.schedule
+    admits. Returns (columns req, t, pos, meth, k, acc, produced, switched as rows of one array, rows used,
+    steps per instance)."""
+    n = len(out_len)
+    pos = np.ones(n_inst, np.int64)
+    n_steps = np.zeros(n_inst, np.int64)
+    prev = np.full(n_inst, -2, np.int64)
+    cols = np.zeros((8, cap), np.int64)
+    running = np.zeros(batch_size, np.int64)
+    nrun, nxt, row = 0, 0, 0
+    meth, k = np.zeros(batch_size, np.int64), np.zeros(batch_size, np.int64)
+    a, prod_raw = np.zeros(batch_size, np.int64), np.zeros(batch_size, np.int64)
+    while True:
+        if continuous:
+            take = min(batch_size - nrun, n_inst - nxt)
+        else:
+            take = min(batch_size, n_inst - nxt) if nrun == 0 else 0
+        first_new = nxt
+        nxt += take
+        if nrun == 0 and take == 0:
+            break
+        if nrun:
+            req = running[:nrun].copy()
+            i = req % n
+            p = pos[req]
+            fi = off[i] + p
+            kv = 0
+            for r in range(nrun):
+                kv += prompt_len[i[r]] + p[r] - 1 + extra
+            decide_observe(acc, npr, has_npr, counts, kmax, is_probe, form, dpar, cpar, grid, prior,
+                           calibrates, state, req, fi, p, nrun + take, kv, meth[:nrun], k[:nrun], a[:nrun],
+                           prod_raw[:nrun])  # fmt: skip
+            keep = 0
+            for r in range(nrun):
+                q = req[r]
+                prod = min(prod_raw[r], out_len[i[r]] - p[r])
+                cols[0, row], cols[1, row], cols[2, row], cols[3, row] = q, n_steps[q], p[r], meth[r]
+                cols[4, row], cols[5, row], cols[6, row] = k[r], a[r], prod
+                cols[7, row] = 1 if (prev[q] != -2 and prev[q] != meth[r]) else 0
+                row += 1
+                prev[q] = meth[r]
+                pos[q] = p[r] + prod
+                n_steps[q] += 1
+                if pos[q] < out_len[i[r]]:
+                    running[keep] = q
+                    keep += 1
+            nrun = keep
+        # requests prefilled in this step run from the next one (a one-token output ends at its prefill)
+        for q in range(first_new, first_new + take):
+            if out_len[q % n] > 1:
+                running[nrun] = q
+                nrun += 1
+    return cols, row, n_steps
