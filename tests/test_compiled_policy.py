@@ -126,3 +126,31 @@ def test_the_numpy_loop_runs_where_the_compiled_one_does_not_cover(monkeypatch) 
     assert not _ran_compiled(monkeypatch, tr, gpu, "adaptive-gated", lambda p: setattr(p, "decide", p.decide))
     monkeypatch.setattr(rule_kernel, "numba", None)  # numba not installed
     assert not compiled.available() and not _ran_compiled(monkeypatch, tr, gpu, "adaptive-gated")
+
+
+def test_without_numba_the_numpy_loop_is_chosen_and_gives_the_same_figures(fixture_traces) -> None:  # noqa: F811
+    """A process where numba does not import: the kernel module still imports, nothing compiles, and the
+    simulator's figures equal the compiled loop's here."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, json; sys.modules['numba'] = None\n"
+        "from speclab.simulate import compiled, simulate\n"
+        "from test_fast_policy import FIXTURE\n"
+        "from benchmarks.bench_online_policy import load_traces\n"
+        "rows = simulate(load_traces(FIXTURE, 5), 'llama3.1-8b-h100-chained', ['adaptive-gated'], 'continuous',"
+        " [1, 4])\n"
+        "print(json.dumps([compiled.available(), [r.speedup for r in rows]]))\n"
+    )
+    root = Path(__file__).parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (root / "src", root, root / "tests"))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
+    assert out.returncode == 0, out.stderr
+    avail, speedups = json.loads(out.stdout.strip().splitlines()[-1])
+    assert avail is False
+    here = simulate(fixture_traces, "llama3.1-8b-h100-chained", ["adaptive-gated"], "continuous", [1, 4])
+    assert speedups == [r.speedup for r in here]
