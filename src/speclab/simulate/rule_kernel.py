@@ -328,6 +328,19 @@ def batch_choice(
 
 
 @jit
+def calibrated(raw: np.ndarray, kmax: np.ndarray, is_probe: np.ndarray, cal: np.ndarray, calibrates: bool):
+    """AdaptiveBase.calibrated: a lookup's survival scaled by its calibration, at most 0.999."""
+    surv = np.zeros_like(raw)
+    for j in range(len(kmax)):
+        fac = calibration(cal, j) if calibrates and is_probe[j] else 1.0
+        for r in range(raw.shape[1]):
+            for q in range(kmax[j]):
+                x = raw[j, r, q]
+                surv[j, r, q] = min(x * fac, 0.999) if calibrates and is_probe[j] else x
+    return surv
+
+
+@jit
 def decide_observe(
     acc: np.ndarray, npr: np.ndarray, has_npr: np.ndarray, counts: np.ndarray, kmax: np.ndarray,
     is_probe: np.ndarray, form: np.ndarray, dpar: np.ndarray, cpar: np.ndarray, grid: np.ndarray,
@@ -341,7 +354,6 @@ def decide_observe(
     s, f, cal, pending, rows, last, last_rows = state
     nm, n = len(kmax), len(req)
     raw = np.zeros((nm, n, max(kmax.max(), 1)))
-    surv = np.zeros_like(raw)
     caps = np.zeros((nm, n), np.int64)
     for j in range(nm):
         if is_probe[j]:
@@ -352,12 +364,21 @@ def decide_observe(
                 caps[j, r] = npr[j, fi[r]] if has_npr[j] else 0
         else:
             model_survival(s[j], f[j], req, kmax[j], last[j], last_rows[j], raw[j])
-        fac = calibration(cal, j) if calibrates and is_probe[j] else 1.0
-        for r in range(n):
-            for q in range(kmax[j]):
-                x = raw[j, r, q]
-                surv[j, r, q] = min(x * fac, 0.999) if calibrates and is_probe[j] else x
+    surv = calibrated(raw, kmax, is_probe, cal, calibrates)
     batch_choice(surv, kmax, is_probe, form, dpar, caps, has_npr & is_probe, occ, kv, cpar, grid, 3, meth, k)
+    finish_step(acc, fi, req, kmax, is_probe, calibrates, raw, state, meth, k, a, prod_raw)
+
+
+@jit
+def finish_step(
+    acc: np.ndarray, fi: np.ndarray, req: np.ndarray, kmax: np.ndarray, is_probe: np.ndarray,
+    calibrates: bool, raw: np.ndarray, state: tuple, meth: np.ndarray, k: np.ndarray, a: np.ndarray,
+    prod_raw: np.ndarray,
+) -> None:  # fmt: skip
+    """After the choice: the acceptance at the position and the tokens produced, AdaptiveBase.predict
+    (from the uncalibrated estimates `raw`), then .observe (learn, calibrate_with)."""
+    s, f, cal, pending = state[0], state[1], state[2], state[3]
+    nm, n = len(kmax), len(req)
     for r in range(n):
         m = meth[r]
         a[r] = acc[m, fi[r]] if m >= 0 else 1
