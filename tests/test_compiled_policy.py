@@ -5,6 +5,8 @@ or numba is not installed, the numpy loop runs."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from speclab.policy import make_policy
 from speclab.policy.rules import bind_methods
 from speclab.simulate import compiled, fast, rule_kernel, simulate
 from speclab.simulate.coupled import run_steps_coupled
+from test_adaptive_gated import flat, late_copy
 from test_fast_policy import fixture_traces  # noqa: F401  (a fixture; tests/ is on sys.path)
 from test_simulate_adaptive import random_traces
 
@@ -60,11 +63,17 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("cm", ["llama3.1-8b-h100-chained", "llama3.1-8b-h100"])
+@pytest.mark.parametrize("cm", ["llama3.1-8b-h100-chained", "llama3.1-8b-h100", "gated"])
 @pytest.mark.parametrize("spec", ["adaptive-gated", "adaptive"])
 def test_compiled_equals_numpy_on_the_fixture(monkeypatch, fixture_traces, cm: str, spec: str) -> None:  # noqa: F811
+    """The shipped GPU models, and the chained one with a lookup at 1.5% of the verify (gated)."""
+    model = get_cost_model("llama3.1-8b-h100-chained" if cm == "gated" else cm)
+    if cm == "gated":
+        model = dataclasses.replace(
+            model, draft={**model.draft, "ngram": DraftCost("verify_fraction", fraction=0.015)}
+        )
     for batching, b, study, passes in CASES:
-        assert_same(both(monkeypatch, fixture_traces, get_cost_model(cm), spec, batching, b, study, passes))
+        assert_same(both(monkeypatch, fixture_traces, model, spec, batching, b, study, passes))
 
 
 def forms_model(form: str) -> CostModel:
@@ -79,13 +88,36 @@ def forms_model(form: str) -> CostModel:
                      overhead_per_step=1.2e-3, overhead_per_request=1e-5, overhead_per_spec_token=2e-6)  # fmt: skip
 
 
+def gated_model(form: str = "chained") -> CostModel:
+    """forms_model with a lookup dear enough (2% of the verify) that adaptive-gated gates its probes."""
+    cm = forms_model(form)
+    cm.draft["ngram"] = DraftCost("verify_fraction", fraction=0.02)
+    return cm
+
+
 @pytest.mark.parametrize("form", ["chained", "linear", "forwards", "verify_fraction"])
 @pytest.mark.parametrize("nprop", [False, True])
-def test_compiled_equals_numpy_for_every_form_and_offers(monkeypatch, form: str, nprop: bool) -> None:
+@pytest.mark.parametrize("gated", [False, True])
+def test_compiled_equals_numpy_for_every_form_and_offers(
+    monkeypatch, form: str, nprop: bool, gated: bool
+) -> None:
     tr = random_traces(11 + nprop, 24, nprop)
+    cm = gated_model(form) if gated else forms_model(form)
     for spec in ("adaptive-gated", "adaptive", "adaptive:eagle:6", "adaptive-gated:ngram:5"):
         for batching, b, study, passes in CASES:
-            assert_same(both(monkeypatch, tr, forms_model(form), spec, batching, b, study, passes))
+            assert_same(both(monkeypatch, tr, cm, spec, batching, b, study, passes))
+
+
+def test_compiled_equals_numpy_where_the_gate_puts_requests_to_sleep(monkeypatch) -> None:
+    """Lookups that offer nothing (dormant requests, probed every REPROBE positions, unprobed positions read
+    as unknown) beside copies that start late (woken by the reprobe): the gate's flags, ring and dormancy."""
+    tr = flat(6, 90) + [late_copy(), late_copy(100, 20, 60)] + flat(3, 70)
+    for batching, b, study, passes in (*CASES, ("static", 16, False, 1)):
+        pair = both(monkeypatch, tr, gated_model(), "adaptive-gated:ngram", batching, b, study, passes)
+        assert_same(pair)
+        assert pair[0][0].probed.mean() < 0.6  # most positions were not probed
+        for f in ("dormant", "last_probe", "ring_q", "ring_f"):
+            assert np.array_equal(getattr(pair[0][1], f), getattr(pair[1][1], f)), f
 
 
 def test_the_simulator_figures_are_the_same(monkeypatch, fixture_traces) -> None:  # noqa: F811
@@ -117,11 +149,9 @@ def test_the_numpy_loop_runs_where_the_compiled_one_does_not_cover(monkeypatch) 
     gpu, cpu = get_cost_model("llama3.1-8b-h100-chained"), get_cost_model("smollm2-135m-cpu")
     assert _ran_compiled(monkeypatch, tr, gpu, "adaptive-gated")
     assert _ran_compiled(monkeypatch, tr, cpu, "adaptive-gated:ngram")  # a linear target, probes cheap
-    # gated (probes at >= 1% of the verify), pooled priors, a patched instance: the numpy loop
-    dear = forms_model("chained")
-    dear.draft["ngram"] = DraftCost("verify_fraction", fraction=0.02)
-    assert not _ran_compiled(monkeypatch, tr, dear, "adaptive-gated")
-    assert _ran_compiled(monkeypatch, tr, dear, "adaptive")  # never gated
+    assert _ran_compiled(monkeypatch, tr, gated_model(), "adaptive-gated")  # gated probes
+    # a tabulated target, pooled priors, a patched instance: the numpy loop
+    assert not _ran_compiled(monkeypatch, tr, get_cost_model("smollm2-135m-cpu-live"), "adaptive-gated:ngram")
     assert not _ran_compiled(monkeypatch, tr, gpu, "adaptive-pooled")
     assert not _ran_compiled(monkeypatch, tr, gpu, "adaptive-gated", lambda p: setattr(p, "decide", p.decide))
     monkeypatch.setattr(rule_kernel, "numba", None)  # numba not installed

@@ -22,6 +22,7 @@ from speclab.policy.pooling import HINDSIGHT, RATE_WINDOW
 from speclab.policy.rules import AdaptiveGated, AdaptiveRule
 from speclab.simulate import rule_kernel
 from speclab.simulate.fast import StepTable, TraceArrays, check_probes, repeat_requests
+from speclab.simulate.gate_kernel import decide_observe_gated
 from speclab.simulate.rule_kernel import decide_observe, jit
 
 # False: always the numpy loop (the tests compare the two; SPECLAB_COMPILED=0 in the environment: a run
@@ -44,11 +45,7 @@ def covers(policy: Policy) -> bool:
     if any(name in vars(policy) for name in _OWN) or not policy.methods or policy.heuristic_ok:
         return False  # a patched instance (the tests spy on decide)
     cm = policy.cm
-    return (
-        not policy.gating
-        and type(cm.target) is TargetCost
-        and all(cm.draft_for(m).form in FORMS for m in policy.methods)
-    )
+    return type(cm.target) is TargetCost and all(cm.draft_for(m).form in FORMS for m in policy.methods)
 
 
 def run_steps_compiled(
@@ -81,23 +78,25 @@ def run_steps_compiled(
     cpar = np.array([tc.kv, tc.batched, tc.const, cm.overhead_per_step, cm.overhead_per_request,
                      cm.overhead_per_spec_token, frac], np.float64)  # fmt: skip
     # the lookups' priors: the pool stays empty (pool_counts only under POOL_PRIORS), as free_survival reads it
-    h, t, cs, ck = 0.0, 0.0, 0.0, 0.0
-    prior = np.array([(h + 0.25) / (t + 4.0), (cs + COPY_PRIOR) / (ck + COPY_PRIOR + 1.0)])
+    hits, tries, cont, risk = 0.0, 0.0, 0.0, 0.0
+    prior = np.array([(hits + 0.25) / (tries + 4.0), (cont + COPY_PRIOR) / (risk + COPY_PRIOR + 1.0)])
     # the lookups' survival rows by (run, hits, tries), filled as met (rule_kernel.lookup_survival)
     rows = np.full((len(ms), HINDSIGHT + 1 + (RATE_WINDOW + 1) ** 2, max(p.kmax)), -1.0)
     # each request's last model-based rate (nan: none yet) and its survival row
     last, last_rows = np.full((len(ms), N), np.nan), np.zeros((len(ms), N, max(p.kmax)))
     state = (p.s, p.f, p.cal, p.pending, rows, last, last_rows)
-    cols, rows, n_steps = coupled_loop(
+    gst = (p.ring_q, p.ring_f, p.prev_pos, p.prev_probed, p.last_probe, p.dormant)  # the gate's own state
+    cols, used, n_steps = coupled_loop(
         ta.prompt_len, ta.out_len, ta.off, N, batch_size, batching == "continuous", 1 if study else 0,
         max(int(ta.out_len.sum()) * passes, 1), acc, npr, has_npr, counts, np.asarray(p.kmax, np.int64),
-        is_probe, form, dpar, cpar, np.asarray(PASS_GRID, np.int64), prior, p.CALIBRATES, state,
+        is_probe, form, dpar, cpar, np.asarray(PASS_GRID, np.int64), prior, p.CALIBRATES, state, p.gating,
+        gst,
     )  # fmt: skip
-    c = cols[:, :rows]
+    c = cols[:, :used]
     st = StepTable(
         req=c[0].copy(), t=c[1].copy(), pos=c[2].copy(), meth=c[3].copy(), k=c[4].copy(), acc=c[5].copy(),
-        produced=c[6].copy(), switched=c[7].astype(bool), cand=np.zeros(rows, bool), n_steps=n_steps,
-        probed=np.ones(rows, bool),
+        produced=c[6].copy(), switched=c[7].astype(bool), cand=np.zeros(used, bool), n_steps=n_steps,
+        probed=c[8].astype(bool),
     )  # fmt: skip
     return tx, st
 
@@ -106,17 +105,19 @@ def run_steps_compiled(
 def coupled_loop(
     prompt_len: np.ndarray, out_len: np.ndarray, off: np.ndarray, n_inst: int, batch_size: int,
     continuous: bool, extra: int, cap: int, acc: np.ndarray, npr: np.ndarray, has_npr: np.ndarray,
-    counts: np.ndarray, kmax: np.ndarray, is_probe: np.ndarray, form: np.ndarray, dpar: np.ndarray, cpar: np.ndarray,
-    grid: np.ndarray, prior: np.ndarray, calibrates: bool, state: tuple,
+    counts: np.ndarray, kmax: np.ndarray, is_probe: np.ndarray, form: np.ndarray, dpar: np.ndarray,
+    cpar: np.ndarray, grid: np.ndarray, prior: np.ndarray, calibrates: bool, state: tuple, gated: bool,
+    gst: tuple,
 ) -> tuple:  # fmt: skip
     """coupled.run_steps_coupled's loop: instance q runs request q mod n; admission as costs.schedule
-    admits. Returns (columns req, t, pos, meth, k, acc, produced, switched as rows of one array, rows used,
-    steps per instance)."""
+    admits. Returns (columns req, t, pos, meth, k, acc, produced, switched, probed as rows of one array, rows
+    used, steps per instance)."""
     n = len(out_len)
     pos = np.ones(n_inst, np.int64)
     n_steps = np.zeros(n_inst, np.int64)
     prev = np.full(n_inst, -2, np.int64)
-    cols = np.zeros((8, cap), np.int64)
+    cols = np.zeros((9, cap), np.int64)
+    probed = np.ones(batch_size, np.bool_)
     running = np.zeros(batch_size, np.int64)
     nrun, nxt, row = 0, 0, 0
     meth, k = np.zeros(batch_size, np.int64), np.zeros(batch_size, np.int64)
@@ -138,9 +139,14 @@ def coupled_loop(
             kv = 0
             for r in range(nrun):
                 kv += prompt_len[i[r]] + p[r] - 1 + extra
-            decide_observe(acc, npr, has_npr, counts, kmax, is_probe, form, dpar, cpar, grid, prior,
-                           calibrates, state, req, fi, p, nrun + take, kv, meth[:nrun], k[:nrun], a[:nrun],
-                           prod_raw[:nrun])  # fmt: skip
+            if gated:
+                decide_observe_gated(acc, npr, has_npr, kmax, is_probe, form, dpar, cpar, grid, prior,
+                                     calibrates, state, gst, req, fi, p, nrun + take, kv, meth[:nrun],
+                                     k[:nrun], a[:nrun], prod_raw[:nrun], probed[:nrun])  # fmt: skip
+            else:
+                decide_observe(acc, npr, has_npr, counts, kmax, is_probe, form, dpar, cpar, grid, prior,
+                               calibrates, state, req, fi, p, nrun + take, kv, meth[:nrun], k[:nrun],
+                               a[:nrun], prod_raw[:nrun])  # fmt: skip
             keep = 0
             for r in range(nrun):
                 q = req[r]
@@ -148,6 +154,7 @@ def coupled_loop(
                 cols[0, row], cols[1, row], cols[2, row], cols[3, row] = q, n_steps[q], p[r], meth[r]
                 cols[4, row], cols[5, row], cols[6, row] = k[r], a[r], prod
                 cols[7, row] = 1 if (prev[q] != -2 and prev[q] != meth[r]) else 0
+                cols[8, row] = 1 if probed[r] else 0
                 row += 1
                 prev[q] = meth[r]
                 pos[q] = p[r] + prod
