@@ -1,11 +1,10 @@
 """The shipped online policy's coupled loop, compiled (numba), where the rule needs nothing the compiled
 restatement lacks; elsewhere, or without numba, coupled.run_steps_coupled runs the numpy implementation.
 
-Covered: `adaptive` and `adaptive-gated` whose probes cost less than GATE_MIN_COST of the verify (so the
-gate never skips a probe: one lookup under the shipped GPU cost models), under the linear target form, in
-static or continuous batching (the coupled loop's modes). The compiled loop (coupled_loop below) returns the
-same step table as the numpy loop and leaves the policy's estimates (s, f, cal, pending) as it would;
-tests/test_compiled_policy.py runs both and compares them.
+Covered: `adaptive` and `adaptive-gated` (its gate too, where its probes are dear enough to gate: gate_kernel)
+under the linear target form, in static or continuous batching (the coupled loop's modes). The compiled
+loop (coupled_loop below) returns the same step table as the numpy loop and leaves the policy's estimates
+and gate state as it would; tests/test_compiled_policy.py runs both and compares them.
 """
 
 from __future__ import annotations
