@@ -9,7 +9,7 @@ machine load hits both alike; prints each one's median, the ratio of the medians
 fraction of oracle-combine's speedup at batch 1 (its figures are the same in every repeat). Before the
 rounds, one untimed call of both on two requests, timed and printed on its own line: the first call in a
 process imports numba and loads the compiled loop from numba's cache (or compiles it, once per install:
-about 20-25 s), which the rounds then do not carry.
+about half a minute), which the rounds then do not carry.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from speclab.simulate.gate_kernel import decide_observe_gated
 from speclab.simulate.rule_kernel import decide_observe, jit
 
 # False: always the numpy loop (the tests compare the two; SPECLAB_COMPILED=0 in the environment: a run
-# that should not compile, e.g. once after an install where ~20 s of compiling would outweigh the run)
+# that should not compile, e.g. once after an install where ~30 s of compiling would outweigh the run)
 ENABLED = os.environ.get("SPECLAB_COMPILED", "1") != "0"
 FORMS = {"verify_fraction": rule_kernel.VERIFY_FRACTION, "chained": rule_kernel.CHAINED,
          "forwards": rule_kernel.FORWARDS, "linear": rule_kernel.LINEAR}  # fmt: skip
