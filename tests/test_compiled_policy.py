@@ -184,3 +184,13 @@ def test_without_numba_the_numpy_loop_is_chosen_and_gives_the_same_figures(fixtu
     assert avail is False
     here = simulate(fixture_traces, "llama3.1-8b-h100-chained", ["adaptive-gated"], "continuous", [1, 4])
     assert speedups == [r.speedup for r in here]
+
+
+def test_a_policy_constant_changed_since_compiling_falls_back_to_numpy(monkeypatch) -> None:
+    """numba's cache checks only the kernel's own file: compiled code holding an old constant of
+    speclab.policy is not used."""
+    assert compiled.available()
+    monkeypatch.setattr(compiled, "_CURRENT", None)
+    monkeypatch.setattr(rule_kernel, "CONSTANTS", (*rule_kernel.CONSTANTS[:-1], 65.0))
+    assert not compiled.available()
+    assert not _ran_compiled(monkeypatch, random_traces(3, 6, True), gated_model(), "adaptive-gated")

@@ -19,7 +19,7 @@ from speclab.policy.core import Policy, PolicyContext
 from speclab.policy.goodput import PASS_GRID
 from speclab.policy.pooling import HINDSIGHT, RATE_WINDOW
 from speclab.policy.rules import AdaptiveGated, AdaptiveRule
-from speclab.simulate import rule_kernel
+from speclab.simulate import gate_kernel, rule_kernel
 from speclab.simulate.fast import StepTable, TraceArrays, check_probes, repeat_requests
 from speclab.simulate.gate_kernel import decide_observe_gated
 from speclab.simulate.rule_kernel import decide_observe, jit
@@ -33,8 +33,21 @@ _OWN = ("decide", "observe", "gate", "gate_done", "survival", "calibrated", "pre
 
 
 def available() -> bool:
-    """Whether numba imports, so the kernel is compiled (it is an optional dependency)."""
-    return rule_kernel.numba is not None
+    """Whether numba imports, so the kernel is compiled (it is an optional dependency), and the compiled
+    code holds the policy's constants as they are now (numba's cache would not notice a constant changed
+    in speclab.policy: then the numpy loop runs until the cache files beside the kernels are removed)."""
+    global _CURRENT
+    if rule_kernel.numba is None:
+        return False
+    if _CURRENT is None:
+        _CURRENT = (
+            rule_kernel.frozen_constants() == rule_kernel.CONSTANTS
+            and gate_kernel.frozen_constants() == gate_kernel.CONSTANTS
+        )
+    return _CURRENT
+
+
+_CURRENT: bool | None = None
 
 
 def covers(policy: Policy) -> bool:

@@ -18,6 +18,16 @@ from speclab.simulate.rule_kernel import (
 )
 
 INT64_MAX = np.iinfo(np.int64).max
+# as rule_kernel.CONSTANTS: the gate's constants, checked against the compiled code's before it is used
+CONSTANTS = (COPY_PRIOR, float(COPY_START), float(GATE_RING), float(REPROBE), START_PRIOR, START_WEIGHT,
+             FIRST_WEIGHT, float(HINDSIGHT), float(RATE_WINDOW))  # fmt: skip
+
+
+@jit
+def frozen_constants() -> tuple:
+    """CONSTANTS as this compiled code holds them."""
+    return (COPY_PRIOR, float(COPY_START), float(GATE_RING), float(REPROBE), START_PRIOR, START_WEIGHT,
+            FIRST_WEIGHT, float(HINDSIGHT), float(RATE_WINDOW))  # fmt: skip
 
 
 @jit

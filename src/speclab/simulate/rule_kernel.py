@@ -39,6 +39,17 @@ except ImportError:  # pragma: no cover - numba is optional
 # drafting cost forms (costmodel.model.DraftCost.form) as codes
 VERIFY_FRACTION, CHAINED, FORWARDS, LINEAR = 0, 1, 2, 3
 NEG_INF = -np.inf
+# the policy constants the compiled code reads (numba freezes globals at compile time, and its cache checks
+# only this file: compiled.py compares frozen_constants() with these before using the cache's code)
+CONSTANTS = (CAL_DECAY, CAL_MAX, CAL_MIN, CAL_WEIGHT, COPY_PRIOR, MB_DECAY, MB_PRIOR, MB_WEIGHT, FIRST_WEIGHT,
+             float(HINDSIGHT), float(RATE_WINDOW))  # fmt: skip
+
+
+@jit
+def frozen_constants() -> tuple:
+    """CONSTANTS as this compiled code holds them."""
+    return (CAL_DECAY, CAL_MAX, CAL_MIN, CAL_WEIGHT, COPY_PRIOR, MB_DECAY, MB_PRIOR, MB_WEIGHT, FIRST_WEIGHT,
+            float(HINDSIGHT), float(RATE_WINDOW))  # fmt: skip
 
 
 @jit
