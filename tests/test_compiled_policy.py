@@ -186,11 +186,13 @@ def test_without_numba_the_numpy_loop_is_chosen_and_gives_the_same_figures(fixtu
     assert speedups == [r.speedup for r in here]
 
 
-def test_a_policy_constant_changed_since_compiling_falls_back_to_numpy(monkeypatch) -> None:
-    """numba's cache checks only the kernel's own file: compiled code holding an old constant of
-    speclab.policy is not used."""
-    assert compiled.available()
+def test_compiled_code_of_other_source_or_constants_is_compiled_afresh(monkeypatch) -> None:
+    """numba's cache checks only each function's own file: code compiled from other kernel source or other
+    policy constants (rule_kernel.STAMP) is compiled again; where it still differs, the numpy loop runs."""
+    assert compiled.available() and not compiled._stale()
+    calls = []
     monkeypatch.setattr(compiled, "_CURRENT", None)
-    monkeypatch.setattr(rule_kernel, "CONSTANTS", (*rule_kernel.CONSTANTS[:-1], 65.0))
-    assert not compiled.available()
+    monkeypatch.setattr(compiled, "_recompile", lambda: calls.append(1))
+    monkeypatch.setattr(rule_kernel, "STAMP", rule_kernel.STAMP + 1)
+    assert not compiled.available() and calls == [1]
     assert not _ran_compiled(monkeypatch, random_traces(3, 6, True), gated_model(), "adaptive-gated")

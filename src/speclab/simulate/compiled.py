@@ -10,6 +10,7 @@ and gate state as it would; tests/test_compiled_policy.py runs both and compares
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from speclab.policy.rules import AdaptiveGated, AdaptiveRule
 from speclab.simulate import gate_kernel, rule_kernel
 from speclab.simulate.fast import StepTable, TraceArrays, check_probes, repeat_requests
 from speclab.simulate.gate_kernel import decide_observe_gated
-from speclab.simulate.rule_kernel import decide_observe, jit
+from speclab.simulate.rule_kernel import STAMP, decide_observe, jit
 
 # False: always the numpy loop (the tests compare the two; SPECLAB_COMPILED=0 in the environment: a run
 # that should not compile, e.g. once after an install where ~30 s of compiling would outweigh the run)
@@ -33,21 +34,38 @@ _OWN = ("decide", "observe", "gate", "gate_done", "survival", "calibrated", "pre
 
 
 def available() -> bool:
-    """Whether numba imports, so the kernel is compiled (it is an optional dependency), and the compiled
-    code holds the policy's constants as they are now (numba's cache would not notice a constant changed
-    in speclab.policy: then the numpy loop runs until the cache files beside the kernels are removed)."""
+    """Whether numba imports, so the kernels are compiled (it is an optional dependency), and their
+    compiled code is of the current source and constants (rule_kernel.STAMP; stale cached code is compiled
+    afresh, once per process that finds it so)."""
     global _CURRENT
     if rule_kernel.numba is None:
         return False
     if _CURRENT is None:
-        _CURRENT = (
-            rule_kernel.frozen_constants() == rule_kernel.CONSTANTS
-            and gate_kernel.frozen_constants() == gate_kernel.CONSTANTS
-        )
+        if _stale():
+            _recompile()
+        _CURRENT = not _stale()
     return _CURRENT
 
 
 _CURRENT: bool | None = None
+
+
+def _modules() -> tuple:
+    return (rule_kernel, gate_kernel, sys.modules[__name__])
+
+
+def _stale() -> bool:
+    return any(m.frozen_stamp() != rule_kernel.STAMP for m in _modules())
+
+
+def _recompile() -> None:
+    """Every kernel function's cache dropped and compiled again at its next call."""
+    seen = set()
+    for m in _modules():
+        for f in vars(m).values():
+            if isinstance(f, rule_kernel.numba.core.dispatcher.Dispatcher) and id(f) not in seen:
+                seen.add(id(f))
+                f.recompile()
 
 
 def covers(policy: Policy) -> bool:
@@ -111,6 +129,12 @@ def run_steps_compiled(
         probed=c[8].astype(bool),
     )  # fmt: skip
     return tx, st
+
+
+@jit
+def frozen_stamp() -> int:
+    """rule_kernel.STAMP as this module's compiled code holds it."""
+    return STAMP
 
 
 @jit

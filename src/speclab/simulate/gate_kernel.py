@@ -9,6 +9,7 @@ import numpy as np
 from speclab.policy.adaptive import COPY_PRIOR, COPY_START, GATE_RING, REPROBE, START_PRIOR, START_WEIGHT
 from speclab.policy.pooling import FIRST_WEIGHT, HINDSIGHT, RATE_WINDOW
 from speclab.simulate.rule_kernel import (
+    STAMP,
     batch_choice,
     calibrated,
     finish_step,
@@ -18,16 +19,12 @@ from speclab.simulate.rule_kernel import (
 )
 
 INT64_MAX = np.iinfo(np.int64).max
-# as rule_kernel.CONSTANTS: the gate's constants, checked against the compiled code's before it is used
-CONSTANTS = (COPY_PRIOR, float(COPY_START), float(GATE_RING), float(REPROBE), START_PRIOR, START_WEIGHT,
-             FIRST_WEIGHT, float(HINDSIGHT), float(RATE_WINDOW))  # fmt: skip
 
 
 @jit
-def frozen_constants() -> tuple:
-    """CONSTANTS as this compiled code holds them."""
-    return (COPY_PRIOR, float(COPY_START), float(GATE_RING), float(REPROBE), START_PRIOR, START_WEIGHT,
-            FIRST_WEIGHT, float(HINDSIGHT), float(RATE_WINDOW))  # fmt: skip
+def frozen_stamp() -> int:
+    """rule_kernel.STAMP as this module's compiled code holds it."""
+    return STAMP
 
 
 @jit

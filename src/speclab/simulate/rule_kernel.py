@@ -9,7 +9,9 @@ numba the functions stay plain Python and the simulator uses the numpy implement
 
 from __future__ import annotations
 
+import hashlib
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -19,9 +21,14 @@ from speclab.policy.adaptive import (
     CAL_MIN,
     CAL_WEIGHT,
     COPY_PRIOR,
+    COPY_START,
+    GATE_RING,
     MB_DECAY,
     MB_PRIOR,
     MB_WEIGHT,
+    REPROBE,
+    START_PRIOR,
+    START_WEIGHT,
 )
 from speclab.policy.pooling import FIRST_WEIGHT, HINDSIGHT, RATE_WINDOW
 
@@ -39,17 +46,29 @@ except ImportError:  # pragma: no cover - numba is optional
 # drafting cost forms (costmodel.model.DraftCost.form) as codes
 VERIFY_FRACTION, CHAINED, FORWARDS, LINEAR = 0, 1, 2, 3
 NEG_INF = -np.inf
-# the policy constants the compiled code reads (numba freezes globals at compile time, and its cache checks
-# only this file: compiled.py compares frozen_constants() with these before using the cache's code)
+# what the compiled code depends on: the three kernel files and the policy constants it reads. numba
+# freezes globals at compile time, and its cache checks only the file of each function, not the files of
+# the functions it calls nor of the constants it imports; each kernel module's frozen_stamp() returns STAMP
+# as it was when that module was compiled, and compiled.available() recompiles all where one differs
 CONSTANTS = (CAL_DECAY, CAL_MAX, CAL_MIN, CAL_WEIGHT, COPY_PRIOR, MB_DECAY, MB_PRIOR, MB_WEIGHT, FIRST_WEIGHT,
-             float(HINDSIGHT), float(RATE_WINDOW))  # fmt: skip
+             HINDSIGHT, RATE_WINDOW, COPY_START, GATE_RING, REPROBE, START_PRIOR, START_WEIGHT)  # fmt: skip
+
+
+def _stamp() -> int:
+    h = hashlib.sha256(repr(CONSTANTS).encode())
+    for name in ("rule_kernel.py", "gate_kernel.py", "compiled.py"):
+        path = Path(__file__).with_name(name)
+        h.update(path.read_bytes() if path.exists() else name.encode())
+    return int(h.hexdigest()[:15], 16)
+
+
+STAMP = _stamp()
 
 
 @jit
-def frozen_constants() -> tuple:
-    """CONSTANTS as this compiled code holds them."""
-    return (CAL_DECAY, CAL_MAX, CAL_MIN, CAL_WEIGHT, COPY_PRIOR, MB_DECAY, MB_PRIOR, MB_WEIGHT, FIRST_WEIGHT,
-            float(HINDSIGHT), float(RATE_WINDOW))  # fmt: skip
+def frozen_stamp() -> int:
+    """STAMP as this module's compiled code holds it."""
+    return STAMP
 
 
 @jit
