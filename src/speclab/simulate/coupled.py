@@ -36,7 +36,13 @@ def run_steps_coupled(
     passes: int = 1,
 ) -> tuple[TraceArrays, StepTable]:
     """All requests (continuous: the list admitted `passes` times, instance q running request q mod n) through
-    `batch_size` slots. Returns the (repeated) trace arrays and the step table, rows keyed by instance."""
+    `batch_size` slots. Returns the (repeated) trace arrays and the step table, rows keyed by instance.
+    The shipped rule runs compiled where numba is installed (compiled.py: the same table)."""
+    from speclab.simulate.compiled import run_steps_compiled
+
+    out = run_steps_compiled(ta, policy, batching, batch_size, study, passes)
+    if out is not None:
+        return out
     check_probes(policy)
     n = ta.n
     N = n * passes
