@@ -386,7 +386,7 @@ def evaluate_cmd(
         if not isinstance(r, dict) or not r.get("steps"):
             continue
         kind = {True: "left out of training", False: "held out of a training source"}.get(
-            r.get("left_out"), w
+            r.get("left_out"), "pooled"
         )
         pos = " ".join(f"{x:.2f}" for x in r.get("per_position", []))
         click.echo(
