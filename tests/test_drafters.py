@@ -299,14 +299,17 @@ def test_cli_rejects_bad_options(capsys) -> None:
     assert "speclab: error: --prompts-scale must be > 0" in capsys.readouterr().err
 
 
-def test_train_eagle_saves_a_manifest_and_reuses_the_cache(target, seqs, tmp_path, monkeypatch) -> None:
+def _fake_trainer(monkeypatch, target, seqs, tmp_path, workload: str, modules=()):
+    """The trainer on the tiny target: 8 training and 4 evaluation prompts of `workload`, sequences copied
+    from `seqs`; returns (the prompt counts each data build was asked for, the prompt maker). `modules` also
+    get the target (load_target / target_path)."""
     import speclab.drafters.train as tr
     from speclab.workloads.base import Prompt
 
     tdir = tmp_path / "target"
     tdir.mkdir()
     (tdir / "config.json").write_text(json.dumps(target.config.to_dict()))
-    calls = []
+    calls: list[int] = []
 
     def fake_build(model, tok, prompts, aux, max_new, max_prompt, batch_size=8, log=None):
         calls.append(len(prompts))
@@ -315,16 +318,24 @@ def test_train_eagle_saves_a_manifest_and_reuses_the_cache(target, seqs, tmp_pat
             for p, s in zip(prompts, seqs, strict=False)
         ]
 
-    def prompts(n: int, tag: str) -> list:
-        return [Prompt(f"{tag}{i}", "w", "chat", [{"role": "user", "content": str(i)}]) for i in range(n)]
+    def prompts(n: int, tag: str, w: str = workload) -> list:
+        return [Prompt(f"{tag}{i}", w, "chat", [{"role": "user", "content": str(i)}]) for i in range(n)]
 
-    monkeypatch.setattr(tr, "load_target", lambda name: (target, None, tdir))
-    monkeypatch.setattr(tr, "target_path", lambda name, prepare=True: tdir)
+    for mod in (tr, *modules):
+        monkeypatch.setattr(mod, "load_target", lambda name: (target, None, tdir))
+        monkeypatch.setattr(mod, "target_path", lambda name, prepare=True: tdir)
     monkeypatch.setattr(
         tr, "training_prompts", lambda w, seed, report=None, pools=None, eval_sources=(): prompts(8, "t")
     )
     monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed, pools=None: prompts(4, "e"))
     monkeypatch.setattr(tr, "build_sequences", fake_build)
+    return calls, prompts
+
+
+def test_train_eagle_saves_a_manifest_and_reuses_the_cache(target, seqs, tmp_path, monkeypatch) -> None:
+    import speclab.drafters.train as tr
+
+    calls, _ = _fake_trainer(monkeypatch, target, seqs, tmp_path, "w")
     recipe = EagleRecipe(target="tiny", draft_vocab=30, epochs=2, batch_size=4, evals=1, aux_layers=AUX)
     out = tr.train_eagle(recipe, cache_dir=str(tmp_path / "cache"))
     m = json.loads((out / "speclab-manifest.json").read_text())
@@ -352,31 +363,8 @@ def test_evaluate_replays_a_trained_head_on_the_same_cached_prompts(
     cached evaluation data (nothing decoded again), and marks a source the head never trained on left out."""
     import speclab.drafters.assess as assess
     import speclab.drafters.train as tr
-    from speclab.workloads.base import Prompt
 
-    tdir = tmp_path / "target"
-    tdir.mkdir()
-    (tdir / "config.json").write_text(json.dumps(target.config.to_dict()))
-    calls = []
-
-    def fake_build(model, tok, prompts, aux, max_new, max_prompt, batch_size=8, log=None):
-        calls.append(len(prompts))
-        return [
-            Sequence(**{**s.__dict__, "prompt_id": p.id, "workload": p.workload})
-            for p, s in zip(prompts, seqs, strict=False)
-        ]
-
-    def prompts(n: int, tag: str, w: str = "offline-chat") -> list:
-        return [Prompt(f"{tag}{i}", w, "chat", [{"role": "user", "content": str(i)}]) for i in range(n)]
-
-    for mod in (tr, assess):
-        monkeypatch.setattr(mod, "load_target", lambda name: (target, None, tdir))
-        monkeypatch.setattr(mod, "target_path", lambda name, prepare=True: tdir)
-    monkeypatch.setattr(
-        tr, "training_prompts", lambda w, seed, report=None, pools=None, eval_sources=(): prompts(8, "t")
-    )
-    monkeypatch.setattr(tr, "eval_prompts", lambda w, n, seed, pools=None: prompts(4, "e"))
-    monkeypatch.setattr(tr, "build_sequences", fake_build)
+    calls, prompts = _fake_trainer(monkeypatch, target, seqs, tmp_path, "offline-chat", (assess,))
     recipe = EagleRecipe(
         target="tiny",
         workloads={"offline-chat": 8},
