@@ -54,8 +54,9 @@ def evaluate_head(
     say = log or (lambda msg: None)
     trained = head_recipe(head_dir)
     # the evaluation data as training makes it: same output length, prompt limit and aux layers
-    r = EagleRecipe(**{**vars(trained), "eval_workloads": list(sources), "eval_prompts": prompts})
-    r.eval_seed = seed
+    r = EagleRecipe(
+        **{**vars(trained), "eval_workloads": list(sources), "eval_prompts": prompts, "eval_seed": seed}
+    )
     target_dir = target_path(r.target)
     ident = target_identity(target_dir)
     model, tok, _ = load_target(r.target)

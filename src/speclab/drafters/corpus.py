@@ -108,9 +108,15 @@ def content_hash(text: str) -> str:
     return hashlib.sha1(normalize(text).encode("utf-8")).hexdigest()
 
 
+def held_by_content(text: str, permille: int) -> bool:
+    """Whether `text` falls on the held-out side of a split by content (`permille` per mille of all texts):
+    the hash of its normalised text decides, so equal content is always on the same side."""
+    return int(content_hash(text)[:8], 16) % 1000 < permille
+
+
 def is_held(material: str) -> bool:
     """Which side of the split a piece of material (a function, a paragraph, a line) is on."""
-    return int(content_hash(material)[:8], 16) % 1000 < HELD_PERMILLE
+    return held_by_content(material, HELD_PERMILLE)
 
 
 def _module_name(root: Path, path: Path) -> str:

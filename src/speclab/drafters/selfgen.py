@@ -28,7 +28,9 @@ from typing import Any
 import torch
 
 from speclab.atomic import atomic_write_text
+from speclab.drafters.corpus import held_by_content
 from speclab.drafters.similarity import normalize
+from speclab.errors import SpeclabError
 from speclab.workloads.base import Prompt, content_id, user
 
 SYSTEM: dict[str, str | None] = {
@@ -56,8 +58,7 @@ def is_self(name: str) -> bool:
 
 
 def is_held(text: str) -> bool:
-    h = hashlib.sha1(normalize(text).encode("utf-8")).hexdigest()
-    return int(h[:8], 16) % 1000 < HELD_PERMILLE
+    return held_by_content(text, HELD_PERMILLE)
 
 
 def request_prefix(tok: Any, source: str) -> list[int]:
@@ -142,8 +143,6 @@ def self_pool(
     chunk = 0
     while sides[0] < need_train or sides[1] < need_held:
         if chunk >= MAX_CHUNKS:
-            from speclab.errors import SpeclabError
-
             raise SpeclabError(
                 f"drafters: {source}: {chunk} chunks of sampled requests gave only {sides[0]} training and "
                 f"{sides[1]} held-out requests (needed {need_train} and {need_held})"

@@ -17,11 +17,10 @@ duplicates (most of their word 8-grams found in an evaluation prompt).
 
 from __future__ import annotations
 
-import hashlib
 import random
 from typing import Any
 
-from speclab.drafters.corpus import SOURCES, corpus_prompts, python_version
+from speclab.drafters.corpus import SOURCES, corpus_prompts, held_by_content, python_version
 from speclab.drafters.corpus import describe_source as _describe_corpus
 from speclab.drafters.selfgen import WHAT as SELF_WHAT
 from speclab.drafters.selfgen import is_self, pool_side
@@ -46,8 +45,7 @@ def source_kind(name: str) -> str:
 
 def _side(p: Any) -> bool:
     """Whether a request is on the held-out side (by its normalised text)."""
-    h = hashlib.sha1(normalize(prompt_text(p)).encode("utf-8")).hexdigest()
-    return int(h[:8], 16) % 1000 < EVAL_FILE_PERMILLE
+    return held_by_content(prompt_text(p), EVAL_FILE_PERMILLE)
 
 
 def file_split(name: str, held: bool, seed: int) -> list[Any]:

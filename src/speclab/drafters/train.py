@@ -373,14 +373,14 @@ def self_pools(recipe: Any, model: Any, tok: Any, root: Path, ident: Any, say: A
     """The sampled requests of every self source the recipe trains or evaluates on (speclab.drafters.selfgen),
     enough for its training prompts (with room for duplicates of evaluation prompts) and its evaluation."""
     pools = {}
-    for w in dict.fromkeys([*recipe.workloads, *recipe.eval_workloads]):
-        if is_self(w):
-            n = int(recipe.workloads.get(w, 0))
-            need_held = recipe.eval_prompts if w in recipe.eval_workloads else 0
-            stop = eos_ids(model, tok)
-            pools[w] = self_pool(
-                model, tok, w, n + max(8, n // 10), need_held, recipe.seed, root, ident, stop, say
-            )
+    names = [w for w in dict.fromkeys([*recipe.workloads, *recipe.eval_workloads]) if is_self(w)]
+    stop = eos_ids(model, tok) if names else set()
+    for w in names:
+        n = int(recipe.workloads.get(w, 0))
+        need_held = recipe.eval_prompts if w in recipe.eval_workloads else 0
+        pools[w] = self_pool(
+            model, tok, w, n + max(8, n // 10), need_held, recipe.seed, root, ident, stop, say
+        )
     return pools
 
 
