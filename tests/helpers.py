@@ -87,3 +87,32 @@ def report_with_rows(tmp, rows_for, title: str, n_per_workload: int):
     finally:
         mp.undo()
     return path, rows
+
+
+# the [[methods]] of the tiny engine sweeps: no SD and n-gram k = 3 (a lookup that accepts on code edits)
+NONE_AND_NGRAM = """
+[[methods]]
+name = "none"
+
+[[methods]]
+name = "ngram"
+k = 3
+prompt_lookup_min = 2
+prompt_lookup_max = 4
+"""
+
+
+def run_engine_sweep(tmp_path, sweep: str) -> tuple:
+    """Run a tiny sweep (TOML text) through `speclab bench` on the real SmolLM2-135M fp32 engine; returns the
+    run directory and its rows (results.jsonl). What the command printed stays with the caller's capsys."""
+    import json
+
+    from speclab.cli import main
+    from speclab.models import prepare_model
+
+    prepare_model("smollm2-135m", "float32")
+    path = tmp_path / "sweep.toml"
+    path.write_text(sweep)
+    run = tmp_path / "run"
+    main(["bench", str(path), "--out", str(run), "--no-progress"])
+    return run, [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]

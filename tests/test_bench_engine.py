@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
 
+from helpers import NONE_AND_NGRAM, run_engine_sweep
 from speclab.cli import main
 
 pytestmark = pytest.mark.engine
 
-SWEEP = """
+SWEEP = (
+    """
 name = "engine-test"
 target = "smollm2-135m"
 dtype = "float32"
@@ -26,32 +27,18 @@ seed = 42
 max_model_len = 1024
 enforce_eager = true
 llm_kwargs = { enable_prefix_caching = false }
-
-[[methods]]
-name = "none"
-
-[[methods]]
-name = "ngram"
-k = 3
-prompt_lookup_min = 2
-prompt_lookup_max = 4
 """
+    + NONE_AND_NGRAM
+)
 
 
 @pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="needs the vLLM stack (scripts/setup.sh)"
 )
 def test_tiny_sweep_on_a_real_engine(tmp_path, capsys):
-    from speclab.models import prepare_model
-
-    prepare_model("smollm2-135m", "float32")
-    sweep = tmp_path / "tiny.toml"
-    sweep.write_text(SWEEP)
-    run = tmp_path / "run"
-    main(["bench", str(sweep), "--out", str(run), "--no-progress"])
+    run, rows = run_engine_sweep(tmp_path, SWEEP)
     out = capsys.readouterr().out
     assert "token-exact vs no-SD: 2/2 SD cells" in out
-    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and all(r["status"] == "ok" for r in rows), [r.get("error") for r in rows]
     for r in rows:
         assert r["output_tokens"] > 0 and r["throughput_tok_s"] > 0
@@ -66,5 +53,5 @@ def test_tiny_sweep_on_a_real_engine(tmp_path, capsys):
     assert any(r.meta.get("observed", {}).get("method") == "ngram" for r in recs)
     assert (run / "timings.csv").read_text().startswith("kind,kv_tokens,")
     # rerun: nothing to do, no engine started
-    main(["bench", str(sweep), "--out", str(run), "--no-progress"])
+    main(["bench", str(tmp_path / "sweep.toml"), "--out", str(run), "--no-progress"])
     assert len(list((run / "engines").glob("*/attempt-*"))) == 2

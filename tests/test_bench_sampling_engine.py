@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
 
-from speclab.cli import main
+from helpers import NONE_AND_NGRAM, run_engine_sweep
 
 pytestmark = pytest.mark.engine
 
-SWEEP = """
+SWEEP = (
+    """
 name = "sampling-engine-test"
 target = "smollm2-135m"
 dtype = "float32"
@@ -28,33 +28,20 @@ max_model_len = 1024
 enforce_eager = true
 kv_cache_gib = 0.5
 llm_kwargs = { enable_prefix_caching = false }
-
-[[methods]]
-name = "none"
-
-[[methods]]
-name = "ngram"
-k = 3
-prompt_lookup_min = 2
-prompt_lookup_max = 4
 """
+    + NONE_AND_NGRAM
+)
 
 
 @pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="needs the vLLM stack (scripts/setup.sh)"
 )
 def test_sampled_cells_run_on_a_real_engine(tmp_path, capsys):
-    from speclab.models import prepare_model
     from speclab.traces import read_store
 
-    prepare_model("smollm2-135m", "float32")
-    sweep = tmp_path / "tiny.toml"
-    sweep.write_text(SWEEP)
-    run = tmp_path / "run"
-    main(["bench", str(sweep), "--out", str(run), "--no-progress"])
+    run, rows = run_engine_sweep(tmp_path, SWEEP)
     out = capsys.readouterr().out
     assert "token-exact vs no-SD: 1/1 SD cells" in out  # the T = 0 cell only
-    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and all(r["status"] == "ok" for r in rows), [r.get("error") for r in rows]
     by_id = {r["cell_id"]: r for r in rows}
     for r in rows:

@@ -4,15 +4,16 @@ engines). Rows and traces break the cell down per category."""
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
 
+from helpers import NONE_AND_NGRAM, run_engine_sweep
 from speclab.cli import main
 
 pytestmark = pytest.mark.engine
 
-SWEEP = """
+SWEEP = (
+    """
 name = "mix-engine-test"
 target = "smollm2-135m"
 dtype = "float32"
@@ -28,32 +29,19 @@ max_model_len = 1024
 enforce_eager = true
 kv_cache_gib = 0.5
 llm_kwargs = { enable_prefix_caching = false }
-
-[[methods]]
-name = "none"
-
-[[methods]]
-name = "ngram"
-k = 3
-prompt_lookup_min = 2
-prompt_lookup_max = 4
 """
+    + NONE_AND_NGRAM
+)
 
 
 @pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="needs the vLLM stack (scripts/setup.sh)"
 )
 def test_a_mixed_cell_is_broken_down_per_category(tmp_path, capsys):
-    from speclab.models import prepare_model
     from speclab.traces import read_store
 
-    prepare_model("smollm2-135m", "float32")
-    sweep = tmp_path / "mix.toml"
-    sweep.write_text(SWEEP)
-    run = tmp_path / "run"
-    main(["bench", str(sweep), "--out", str(run), "--no-progress"])
+    run, rows = run_engine_sweep(tmp_path, SWEEP)
     capsys.readouterr()
-    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows), [r.get("error") for r in rows]
     for r in rows:
         assert r["workload"] == "mix" and ".mix.cont.b4." in r["cell_id"]
