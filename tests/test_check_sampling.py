@@ -1,6 +1,6 @@
 """`speclab bench check-sampling`: the engines' jobs (independent seeds, cells, the prefix-cache prime), the
 SPECLAB_CPU_SAMPLING_FIX switch, the command's checks and table, and one small real-engine run (marked
-`engine`) with the CPU sampling fix on and off."""
+`engine`) with the CPU sampling fix on."""
 
 from __future__ import annotations
 
@@ -108,10 +108,12 @@ COUNT = ", ".join(str(i) for i in range(1, 21)) + ", " + ", ".join(str(i) for i 
 
 @pytest.mark.engine
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM stack not installed")
-def test_fix_on_keeps_the_distribution_fix_off_collapses_acceptance(tmp_path):
+def test_fix_on_keeps_the_distribution_and_the_acceptance(tmp_path):
     """T = 1.0, n-gram k = 3 on a counting prompt (the lookups draft the right continuation): with the fix the
-    check does not fail and most drafts are accepted; without it (vLLM's own expansion) acceptance collapses
-    and/or the check fails."""
+    check does not fail and most drafts are accepted. Without it vLLM's expansion leaves the verifier's
+    temperature to whatever memory held, so the outcome varies from run to run (acceptance fell to 0.02 in one
+    run and stayed at 0.95 in another); the fault itself is asserted deterministically in
+    tests/test_cpu_sampling.py, and the switch's plumbing above."""
     from vllm.platforms import current_platform
 
     from speclab.analyze.distcheck import distribution_check
@@ -125,18 +127,8 @@ def test_fix_on_keeps_the_distribution_fix_off_collapses_acceptance(tmp_path):
     env = dict(os.environ)
     env.pop(cpu_sampling.FIX_ENV, None)
     on = draw_samples(s, prompts, work_dir=tmp_path, env=env)
-    off = draw_samples(
-        s, prompts, work_dir=tmp_path, env=dict(env, SPECLAB_CPU_SAMPLING_FIX="off"), base=on["base"]
-    )
     check_on = distribution_check(on["sd"], on["base"], positions=5)
-    check_off = distribution_check(off["sd"], on["base"], positions=5)
     assert len(on["sd"]["count"]) == len(on["base"]["count"]) == 100
-    rate_on, rate_off = on["acceptance"]["acceptance_rate"], off["acceptance"]["acceptance_rate"]
-    print("fix on:", rate_on, check_on["verdict"], check_on["p_value"])
-    print("fix off:", rate_off, check_off["verdict"], check_off["p_value"])
+    print("fix on:", on["acceptance"]["acceptance_rate"], check_on["verdict"], check_on["p_value"])
     assert check_on["verdict"] != "fail", check_on
-    assert rate_on > 0.7, on["acceptance"]
-    # without the fix the verifier's temperature is whatever memory held, so how badly it goes varies from
-    # run to run (acceptance fell to 0.02 in one run, to 0.48 in another): it shows in the counters, the
-    # check, or both
-    assert rate_off < 0.6 * rate_on or check_off["verdict"] == "fail", (rate_on, rate_off, check_off)
+    assert on["acceptance"]["acceptance_rate"] > 0.7, on["acceptance"]
