@@ -63,14 +63,34 @@ class FakeRunner:
             num_tokens_no_spec=np.zeros(rows, dtype=np.int32),
             token_ids_cpu=np.zeros((rows, width), dtype=np.int32),
         )
+        self.input_batch.req_ids = [f"r{i}" for i in range(rows)]
+        self.device = "cpu"
         self.output = None
         self.drafts = None
+        self.proposed = 0  # head forwards run
 
     def sample_tokens(self, grammar_output):
         return self.output
 
     def take_draft_token_ids(self):
         return self.drafts
+
+    def propose_draft_token_ids(
+        self,
+        scheduler_output,
+        sampled_token_ids,
+        sampling_metadata,
+        hidden_states,
+        sample_hidden_states,
+        aux_hidden_states,
+        spec_decode_metadata,
+        common_attn_metadata,
+        slot_mappings,
+    ):
+        import torch
+
+        self.proposed += 1
+        return torch.ones((len(self.input_batch.req_ids), K), dtype=torch.int32)
 
 
 def play(runner: FakeRunner, reqs: dict[str, tuple[list[int], list[int]]], good_head: set[str], steps: int):
@@ -139,6 +159,48 @@ def test_adapter_chooses_per_row_on_a_fake_runner() -> None:
     assert src["copy"][-10:].count("ngram") >= 8, src["copy"]
     c = adapter.counts()
     assert c["eagle3"] >= 20 and c["ngram"] >= 8 and sum(c.values()) == 50
+
+
+def test_static_modes_are_arms_of_one_engine() -> None:
+    """The modes a benchmark switches between cells: the lookup alone, the head alone (first k drafts), no
+    drafts; the head's forward is skipped where its drafts are never kept; bad modes are refused."""
+    pytest.importorskip("vllm")
+    from speclab.live.vllm_eagle import install
+
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(100, 5000, size=200).tolist()
+    copy = (prompt, prompt[20:140])
+    free = (rng.integers(100, 5000, size=60).tolist(), rng.integers(100, 5000, size=120).tolist())
+    runner = FakeRunner(2, 512)
+    adapter = install(runner, {"methods": ["ngram", "eagle3"], "cost_model": "smollm2-135m-cpu-live"})
+    args = (None,) * 9
+
+    assert adapter.set_mode("ngram:3") == "ngram:3"
+    out = runner.propose_draft_token_ids(*args)
+    assert runner.proposed == 0 and out.shape == (2, K) and int(out.abs().sum()) == 0  # head skipped
+    src = play(runner, {"copy": copy, "free": free}, good_head=set(), steps=12)
+    # a lookup only: the copying row drafts from its prompt, the free row (nothing to copy) drafts nothing
+    assert "eagle3" not in src["copy"] + src["free"] and src["copy"][2:].count("ngram") >= 8, src
+    assert set(src["free"]) == {"off"}, src["free"]
+
+    assert adapter.set_mode("eagle3:2") == "eagle3:2"
+    runner.propose_draft_token_ids(*args)
+    assert runner.proposed == 1  # the head runs
+    runner2 = FakeRunner(2, 512)
+    a2 = install(runner2, {"cost_model": "smollm2-135m-cpu-live"})
+    a2.set_mode("eagle3:2")
+    src = play(runner2, {"copy": copy, "free": free}, good_head={"free", "copy"}, steps=6)
+    assert set(src["copy"] + src["free"]) == {"eagle3"}
+    assert adapter.set_mode("off") == "off"
+    runner.propose_draft_token_ids(*args)
+    assert runner.proposed == 1
+    assert adapter.set_mode("adaptive") == "adaptive"
+    runner.propose_draft_token_ids(*args)
+    assert runner.proposed == 2
+    for bad in ("ngram", "ngram:0", f"ngram:{K + 1}", "suffix:2", "eagle3:x", "off:1"):
+        with pytest.raises(ValueError, match="mode"):
+            adapter.set_mode(bad)
+    assert adapter.mode == ("adaptive", K)
 
 
 def test_adapter_refuses_what_it_cannot_keep_right() -> None:

@@ -29,3 +29,10 @@ class AdaptiveEagleExtension(SamplingFixExtension):
     def speclab_adaptive_counts(self) -> dict[str, int]:
         adapter = getattr(self.model_runner, "_speclab_adaptive", None)  # type: ignore[attr-defined]
         return adapter.counts() if adapter is not None else {}
+
+    def speclab_adaptive_mode(self, mode: str) -> str:
+        """Set the adapter's mode (speclab.live.vllm_eagle.AdaptiveEagle.set_mode); returns it as set."""
+        adapter = getattr(self.model_runner, "_speclab_adaptive", None)  # type: ignore[attr-defined]
+        if adapter is None:
+            raise RuntimeError("speclab adaptive EAGLE: not installed (speclab_adaptive_install first)")
+        return adapter.set_mode(mode)

@@ -19,8 +19,17 @@ at start-up, not silently):
   `Scheduler.update_draft_token_ids`, which takes lists of any length up to k per row (as n-gram's);
 - `runner.input_batch` (`req_id_to_index`, `num_tokens_no_spec`, `token_ids_cpu`) holds each row's tokens
   after the step's bookkeeping, as the custom_class path reads them;
+- `runner.propose_draft_token_ids(...)` runs the drafter for one step and returns its drafts as a tensor (one
+  row per request, k columns); the adapter skips it in the static modes that never keep the head's drafts;
 - EAGLE's drafts are greedy (`draft_sample_method` not "probabilistic"): its draft probabilities, kept by the
   runner per row for the rejection sampler, would otherwise belong to tokens the adapter replaced.
+
+Besides the adaptive choice, the adapter has static modes (`set_mode`), so that the adaptive proposer and the
+static configurations a user could pick can be measured as arms of one engine start-up: `off` (no drafts),
+`ngram:K` (vLLM's n-gram lookup, K drafts) and `<drafter>:K` (the engine's drafter, its first K drafts). In
+`off` and `ngram:K` the head's forward is skipped altogether, so those arms cost what an engine without the
+head costs (the target still returns the head's input features); a request's head state starts at its
+prefill, so a mode is switched between cells, never while requests run.
 
 It is installed through vLLM's worker-extension seam: the engine starts with
 `worker_extension_cls = "speclab.engine.sampling_ext.AdaptiveEagleExtension"` and one
@@ -37,24 +46,38 @@ from typing import Any
 
 import numpy as np
 
-from speclab.catalog import ADAPTIVE_DRAFTERS
+from speclab.catalog import ADAPTIVE_DRAFTERS, NGRAM_MAX_N, NGRAM_MIN_N
 from speclab.costmodel import get_cost_model
 from speclab.costmodel.model import CostModel, DraftCost
 from speclab.errors import ConfigError
 from speclab.live.driver import DEFAULT_COST_MODEL, AdaptiveDriver
+from speclab.methods.ngram import vllm_ngram_kernel
 
 #: vLLM's worker_extension_cls that can install the adapter (it also carries the CPU sampling fix)
 WORKER_EXTENSION = "speclab.engine.sampling_ext.AdaptiveEagleExtension"
 #: the collective_rpc names of that extension: install the adapter, read its decision counts
 RPC_INSTALL = "speclab_adaptive_install"
 RPC_COUNTS = "speclab_adaptive_counts"
+RPC_MODE = "speclab_adaptive_mode"
 EAGLE_KEYS = ("methods", "kmax", "cost_model", "policy", "ngram", "suffix")
 DEFAULT_LOOKUPS = ("ngram",)
 DEFAULT_POLICY = "adaptive"
+ADAPTIVE_MODE = "adaptive"  # the adapter's default mode: the policy chooses per row and step (set_mode)
 #: what the adapter calls on vLLM's model runner: method -> its parameters (beyond self)
 RUNNER_METHODS: dict[str, tuple[str, ...]] = {
     "sample_tokens": ("grammar_output",),
     "take_draft_token_ids": (),
+    "propose_draft_token_ids": (
+        "scheduler_output",
+        "sampled_token_ids",
+        "sampling_metadata",
+        "hidden_states",
+        "sample_hidden_states",
+        "aux_hidden_states",
+        "spec_decode_metadata",
+        "common_attn_metadata",
+        "slot_mappings",
+    ),
 }
 INPUT_BATCH_ATTRS = ("req_id_to_index", "num_tokens_no_spec", "token_ids_cpu")
 DRAFT_IDS_FIELDS = ("req_ids", "draft_token_ids")
@@ -179,11 +202,48 @@ class AdaptiveEagle:
             engine_method=self.method,
         )
         self.runner = runner
+        self.mode: tuple[str, int] = (ADAPTIVE_MODE, kmax)
+        ng = dict(o.get("ngram") or {})
+        self._ngram_n = (int(ng.get("min_n", NGRAM_MIN_N)), int(ng.get("max_n", NGRAM_MAX_N)))
+        self._ngram_kernel: Any = None
         self._output: Any = None
         self._sample = runner.sample_tokens
         self._take = runner.take_draft_token_ids
+        self._propose = runner.propose_draft_token_ids
         runner.sample_tokens = self.sample_tokens
         runner.take_draft_token_ids = self.take_draft_token_ids
+        runner.propose_draft_token_ids = self.propose_draft_token_ids
+
+    def set_mode(self, mode: str) -> str:
+        """`adaptive`, `off`, `ngram:K` or `<drafter>:K` (1 <= K <= num_speculative_tokens); returns the mode
+        as set. Switch between cells, never while requests run (module docstring)."""
+        name, _, kk = str(mode).partition(":")
+        if name in (ADAPTIVE_MODE, "off") and not kk:
+            self.mode = (name, self.k if name == ADAPTIVE_MODE else 0)
+            return name
+        if name not in ("ngram", self.method) or not kk.isdigit() or not 1 <= int(kk) <= self.k:
+            raise ValueError(
+                f"adaptive EAGLE: mode {mode!r}: use adaptive, off, ngram:K or {self.method}:K with K in "
+                f"1..{self.k}"
+            )
+        if name == "ngram" and self._ngram_kernel is None:
+            self._ngram_kernel = vllm_ngram_kernel()
+            if self._ngram_kernel is None:
+                raise ValueError(
+                    "adaptive EAGLE: mode ngram needs vLLM's n-gram lookup, which did not import"
+                )
+        self.mode = (name, int(kk))
+        return f"{name}:{kk}"
+
+    def propose_draft_token_ids(self, *args: Any, **kwargs: Any) -> Any:
+        """The engine's drafter for one step, or, in the modes that never keep its drafts, zeros in its
+        place without running it."""
+        if self.mode[0] not in ("off", "ngram"):
+            return self._propose(*args, **kwargs)
+        import torch
+
+        rows = len(self.runner.input_batch.req_ids)
+        return torch.zeros((rows, self.k), dtype=torch.int32, device=self.runner.device)
 
     def sample_tokens(self, grammar_output: Any) -> Any:
         out = self._sample(grammar_output)
@@ -209,7 +269,20 @@ class AdaptiveEagle:
             num, tok = ib.num_tokens_no_spec, ib.token_ids_cpu
         else:  # rows in another order than the batch's: gather them
             num, tok = ib.num_tokens_no_spec[idx], ib.token_ids_cpu[idx]
-        choices = self.driver.choose(sampled, np.asarray(num), tok)
+        name, k = self.mode
+        if name == ADAPTIVE_MODE:
+            choices = self.driver.choose(sampled, np.asarray(num), tok)
+        elif name == "ngram":
+            lo, hi = self._ngram_n
+            mml = getattr(self.runner, "max_model_len", None) or 2**31 - 1
+            choices = [
+                ("ngram", k, self._ngram_kernel(np.ascontiguousarray(tok[i, : int(num[i])], dtype=np.int32),
+                                                lo, hi, mml, k).tolist())
+                if len(sampled[i]) else (None, 0, [])
+                for i in range(len(req_ids))
+            ]  # fmt: skip
+        else:  # off, or the engine's drafter with its first k drafts
+            choices = [(None if name == "off" else name, k, []) for _ in req_ids]
         return merge_drafts(rows, choices, self.method)
 
     def counts(self) -> dict[str, int]:
