@@ -229,6 +229,10 @@ def summarise(
                 a: _ratio_stats([v[adaptive] / v[a] for v in full.values()]) for a in static
             },
             "aa": _ratio_stats([v[aa[1]] / v[aa[0]] for v in full.values()]) if aa and full else None,
+            "pairs": {
+                f"{x}/{y}": _ratio_stats([v[x] / v[y] for v in full.values()])
+                for i, x in enumerate([adaptive, *static]) for y in [adaptive, *static][i + 1 :]
+            },
             "tokens_per_step": cats,
             "token_exact": all(r["token_exact"] for r in rows),
             "max_load": max((r["loadavg_end"] or 0.0) for r in rows),
@@ -271,6 +275,78 @@ def format_summary(summary: dict[str, Any], arms: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+# --- the same cells simulated from their own traces ---------------------------------------------------------
+
+
+def arm_policy(mode: str, options: dict[str, Any], kmax: int) -> str:
+    """The simulator policy an arm's mode runs: `fixed:M:K`, `none` for off, the entry's adaptive policy."""
+    if mode == "adaptive":
+        methods = options.get("methods", ["ngram", "eagle3"])
+        return f"{options.get('policy', 'adaptive')}:{','.join(methods)}:{kmax}"
+    return "none" if mode == "off" else f"fixed:{mode}"
+
+
+def simulate_arms(
+    store: str, arms: dict[str, str], entry_options: dict[str, Any], engine_method: str, kmax: int,
+    batch_sizes: list[int], cost_model: str | None = None,
+) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Per batch size, each arm's simulated tok/s over the whole cell (continuous batching, makespan: the
+    cell's requests in one pass, tail included, as measured). The adaptive arm is priced as it runs live, the
+    head paid at every step (speclab.live.vllm_eagle.sunk_drafter_cost); the static arms by the plain model.
+    Each request once (a run holds it once per batch size)."""
+    from speclab.costmodel import get_cost_model
+    from speclab.live.vllm_eagle import sunk_drafter_cost
+    from speclab.simulate import simulate
+    from speclab.traces.store import read_store
+
+    seen: dict[str, Any] = {}
+    for t in read_store(store):
+        seen.setdefault(t.id, t)
+    traces = list(seen.values())
+    cm = get_cost_model(cost_model or entry_options.get("proposer_options", {}).get("cost_model"))
+    sunk = sunk_drafter_cost(cm, engine_method, kmax)
+    opts = entry_options.get("proposer_options", {})
+    out: dict[str, dict[str, float]] = {str(b): {} for b in batch_sizes}
+    for arm, mode in arms.items():
+        pol = arm_policy(mode, opts, kmax)
+        rows = simulate(
+            traces, sunk if mode == "adaptive" else cm, [pol], "continuous", batch_sizes,
+            continuous_measure="makespan",
+        )  # fmt: skip
+        for r in rows:
+            out[str(r.batch_size)][arm] = r.makespan_throughput_tok_s
+    return out
+
+
+def ranking(values: dict[str, float], arms: list[str]) -> list[str]:
+    """Arms fastest first."""
+    return sorted(arms, key=lambda a: -values[a])
+
+
+def resolved_order(pairs: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+    """(faster, slower) for every measured pair whose per-round ratio interval excludes 1; a pair whose
+    interval holds 1 is level: the rounds cannot order it."""
+    out = []
+    for key, st in pairs.items():
+        x, y = key.split("/")
+        iv = st.get("interval")
+        if iv and iv[0] > 1.0:
+            out.append((x, y))
+        elif iv and iv[1] < 1.0:
+            out.append((y, x))
+    return out
+
+
+def measured_ranking(medians: dict[str, float], order: list[tuple[str, str]]) -> str:
+    """The arms by median, fastest first, with '>' between neighbours the rounds order and '=' between
+    neighbours they cannot."""
+    arms = ranking(medians, list(medians))
+    text = arms[0]
+    for a, b in zip(arms, arms[1:], strict=False):
+        text += f" {'>' if (a, b) in order else '='} {b}"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -289,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--enforce-eager", action="store_true", help="as speclab bench's --enforce-eager")
     ap.add_argument("--out", required=True)
     ap.add_argument("--summarise", action="store_true", help="only summarise OUT/arms.jsonl")
+    ap.add_argument("--simulate", metavar="STORE", help="also simulate the arms from this trace store")
+    ap.add_argument("--cost-model", help="with --simulate: the cost model (default: the entry's)")
     args = ap.parse_args(argv)
     arms = parse_arms(args.arms)
     aa = tuple(a.strip() for a in args.aa.split(",")) if args.aa else None
@@ -319,6 +397,30 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps({"arms": arms, "aa": aa, "by_batch_size": summary}, indent=1)
     )
     text = format_summary(summary, arms)
+    if args.simulate:
+        static = [a for a in arms if aa is None or a != aa[1]]
+        eng = setup["engine"]
+        sim = simulate_arms(
+            args.simulate, {a: arms[a] for a in static}, eng.options, eng.method, int(eng.k),
+            [int(b) for b in summary], args.cost_model,
+        )  # fmt: skip
+        lines = ["", "Simulated from the traces (tok/s, the whole cell) against measured (median tok/s):", "",
+                 "| B | " + " | ".join(static) + " | simulated ranking | measured ranking ('=': level) | agree |",
+                 "|" + "---|" * (len(static) + 4)]  # fmt: skip
+        for b, s in summary.items():
+            meas = {a: s["tok_s"][a]["median"] for a in static if a in s["tok_s"]}
+            if len(meas) < len(static):
+                continue
+            rs, order = ranking(sim[b], static), resolved_order(s["pairs"])
+            agree = all(sim[b][x] > sim[b][y] for x, y in order)
+            rm = measured_ranking(meas, order)
+            s.update(simulated_tok_s=sim[b], simulated_ranking=rs, measured_ranking=rm, rankings_agree=agree)
+            lines.append(f"| {b} | " + " | ".join(f"{sim[b][a]:.1f}" for a in static)
+                         + f" | {' > '.join(rs)} | {rm} | {'yes' if agree else 'no'} |")  # fmt: skip
+        text += "\n".join(lines)
+        (out / "summary.json").write_text(
+            json.dumps({"arms": arms, "aa": aa, "by_batch_size": summary}, indent=1)
+        )
     (out / "summary.md").write_text(text + "\n")
     print(text)
     return 0 if all(s["token_exact"] for s in summary.values()) else 1

@@ -20,6 +20,7 @@ ARGPARSE_TOOLS = {
     "draft_step_costs": "run",
     "heldout_similarity": "--workload",
     "host_noise": "--units",
+    "live_arms": "--reference",
 }
 
 
@@ -31,7 +32,7 @@ def test_tool_imports_and_its_command_line_parses(
     assert callable(mod.main)
     monkeypatch.setattr("sys.argv", [f"{name}.py", "--help"])
     with pytest.raises(SystemExit) as exc:
-        mod.main(["--help"]) if name in ("heldout_similarity", "host_noise") else mod.main()
+        mod.main(["--help"]) if name in ("heldout_similarity", "host_noise", "live_arms") else mod.main()
     assert exc.value.code == 0
     assert ARGPARSE_TOOLS[name] in capsys.readouterr().out
 
