@@ -158,6 +158,12 @@ def test_the_self_corpus_leaves_the_built_in_workloads_out(monkeypatch) -> None:
         cli, ["drafters", "train", "eagle", "--corpus", "self", "--eval-sources", "nope"]
     )
     assert bad.exit_code != 0 and "--eval-sources 'nope': unknown workload nope" in str(bad.exception)
+    # both together: the offline workloads are training sources, held out; stdlib-complete stays left out
+    both = EagleRecipe()
+    apply_corpus(both, "self+offline", 1.0, ())
+    assert set(both.workloads) == {"self-chat", "self-math", "self-code", *EagleRecipe().workloads}
+    assert both.workloads["offline-math"] == EagleRecipe().workloads["offline-math"]
+    assert left_out_sources(both) == {"stdlib-complete"}
 
 
 def test_a_run_deadline_caps_training_and_the_curve_counts_run_time() -> None:

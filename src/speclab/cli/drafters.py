@@ -23,12 +23,12 @@ _WORKLOAD_PROMPTS = click.option(
 )
 _CORPUS = click.option(
     "--corpus",
-    type=click.Choice(["offline", "stdlib", "self"]),
+    type=click.Choice(["offline", "stdlib", "self", "self+offline"]),
     default="offline",
     show_default=True,
     help="Training corpus: offline (the built-in offline workloads), stdlib (prompts made from Python's "
-    "standard-library code and documentation) or self (requests the target writes itself); with stdlib "
-    "and self the offline workloads are evaluated as left out of training.",
+    "standard-library code and documentation), self (requests the target writes itself) or self+offline "
+    "(both); with stdlib and self the offline workloads are evaluated as left out of training.",
 )
 _EVAL_SOURCES = click.option(
     "--eval-sources",

@@ -89,6 +89,9 @@ CORPORA = {
     "offline": (DEFAULT_WORKLOADS, DEFAULT_EVAL),
     "stdlib": (STDLIB_WORKLOADS, STDLIB_EVAL),
     "self": (SELF_WORKLOADS, SELF_EVAL),
+    # both: better than "offline" on the offline workloads and than "self" on left-out prompts
+    # (docs/results/2026-12-06-drafters-left-out.md, section 5); the offline workloads are then held out
+    "self+offline": ({**SELF_WORKLOADS, **DEFAULT_WORKLOADS}, SELF_EVAL),
 }
 
 
