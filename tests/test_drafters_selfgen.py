@@ -163,7 +163,8 @@ def test_the_self_corpus_leaves_the_built_in_workloads_out(monkeypatch) -> None:
     apply_corpus(both, "self+offline", 1.0, ())
     assert set(both.workloads) == {"self-chat", "self-math", "self-code", *EagleRecipe().workloads}
     assert both.workloads["offline-math"] == EagleRecipe().workloads["offline-math"]
-    assert left_out_sources(both) == {"stdlib-complete"}
+    assert both.workloads["self-chat"] == 384 and both.epochs == 6  # the trainer's default recipe
+    assert left_out_sources(both) == {"stdlib-complete", "stdlib-docqa", "stdlib-math"}
 
 
 def test_a_run_deadline_caps_training_and_the_curve_counts_run_time() -> None:

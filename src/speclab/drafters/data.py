@@ -228,6 +228,31 @@ def teacher_forced(
 
 
 @torch.inference_mode()
+def features_of(
+    model: Any, prompts: list[list[int]], full: list[list[int]], aux_layers: list[int], topk: int = TOPK
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]]:
+    """Training rows of finished sequences (`full[i]`: prompt i followed by its greedy output): one
+    teacher-forced forward over each (`teacher_forced`) for the target's hidden states at `aux_layers` (HF
+    hidden_states indices), its argmax and its `topk` largest logits at every position: the same values as
+    keeping them during decoding, up to float rounding (tests/test_drafters.py checks it against step-by-step
+    decoding), at a fraction of the cost.
+
+    Returns per prompt (tokens, feats, labels, out_start, topk_ids, topk_logits). labels[t] is the target's
+    greedy token after x[..t]: the next token at output positions (exactly what decoding chose), the argmax
+    at prompt positions, -1 at the last position, whose features and logits are zero (it was never fed)."""
+    results: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]] = []
+    for p, seq, (f, am, ti, tv) in zip(
+        prompts, full, teacher_forced(model, full, aux_layers, topk), strict=True
+    ):
+        n0, t = len(p), torch.tensor(seq)
+        lab = am.clone()
+        lab[n0 - 1 : -1] = t[n0:]  # the tokens decoding chose (equal to the argmax up to float ties)
+        lab[-1] = -1
+        f[-1], ti[-1], tv[-1] = 0, 0, 0
+        results.append((t, f, lab, n0, ti, tv))
+    return results
+
+
 def greedy_with_features(
     model: Any,
     prompts: list[list[int]],
@@ -238,27 +263,13 @@ def greedy_with_features(
     topk: int = TOPK,
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]]:
     """Greedy decoding in batches of `batch_size` prompts (`greedy_tokens`, no features kept while decoding),
-    then one teacher-forced forward over each finished sequence (`teacher_forced`) for the target's hidden
-    states at `aux_layers` (HF hidden_states indices), its argmax and its `topk` largest logits at every
-    position: the same values as keeping them during decoding, up to float rounding
-    (tests/test_drafters.py checks it against step-by-step decoding), at a fraction of the cost.
-
-    Returns per prompt (tokens, feats, labels, out_start, topk_ids, topk_logits). labels[t] is the target's
-    greedy token after x[..t]: the next token at output positions (exactly what decoding chose), the argmax
-    at prompt positions, -1 at the last position, whose features and logits are zero (it was never fed)."""
+    then the training rows of each finished sequence (`features_of`)."""
     results: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]] = []
     for i in range(0, len(prompts), batch_size):
         chunk = prompts[i : i + batch_size]
-        full = greedy_tokens(model, chunk, max_new_tokens, stop)
-        for p, seq, (f, am, ti, tv) in zip(
-            chunk, full, teacher_forced(model, full, aux_layers, topk), strict=True
-        ):
-            n0, t = len(p), torch.tensor(seq)
-            lab = am.clone()
-            lab[n0 - 1 : -1] = t[n0:]  # the tokens decoding chose (equal to the argmax up to float ties)
-            lab[-1] = -1
-            f[-1], ti[-1], tv[-1] = 0, 0, 0
-            results.append((t, f, lab, n0, ti, tv))
+        results += features_of(
+            model, chunk, greedy_tokens(model, chunk, max_new_tokens, stop), aux_layers, topk
+        )
     return results
 
 
@@ -271,9 +282,12 @@ def build_sequences(
     max_prompt_tokens: int = 1024,
     batch_size: int = DATA_CHUNK,
     log: Any = None,
+    decoded: dict[str, list[int]] | None = None,
 ) -> list[Sequence]:
     """Render prompts with the target's chat template and decode them greedily, keeping features/labels.
-    Prompts are processed in order of length (less padding); the result follows the input order."""
+    Prompts are processed in order of length (less padding); the result follows the input order. With
+    `decoded` (prompt id -> the prompt's token ids followed by its greedy output, decoded elsewhere:
+    speclab.drafters.generate) only the features are computed here."""
     from speclab.workloads.render import render_prompt
 
     say = log or (lambda msg: None)
@@ -283,7 +297,14 @@ def build_sequences(
     out: dict[int, Sequence] = {}
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        res = greedy_with_features(model, [ids[i] for i in idx], aux_layers, max_new_tokens, stop, batch_size)
+        chunk = [ids[i] for i in idx]
+        if decoded is None:
+            res = greedy_with_features(model, chunk, aux_layers, max_new_tokens, stop, batch_size)
+        else:
+            full = [decoded[prompts[i].id] for i in idx]
+            if any(f[: len(c)] != c for f, c in zip(full, chunk, strict=True)):
+                raise SpeclabError("drafters: a decoded sequence does not start with its prompt")
+            res = features_of(model, chunk, full, aux_layers)
         for i, (t, f, lab, n, ti, tv) in zip(idx, res, strict=True):
             out[i] = Sequence(prompts[i].id, prompts[i].workload, t, f, lab, n, ti, tv)
         say(f"  generated {min(start + batch_size, len(order))}/{len(order)} prompts")

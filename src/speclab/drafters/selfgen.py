@@ -79,8 +79,8 @@ def _chunk_seed(seed: int, source: str, chunk: int) -> int:
 def sample_requests(
     model: Any, tok: Any, source: str, seed: int, chunk: int, stop_ids: set[int]
 ) -> list[str]:
-    """One chunk of CHUNK sampled requests (texts; those that did not end by themselves, at one of
-    `stop_ids`, are dropped)."""
+    """One chunk of CHUNK sampled requests with transformers (texts; those that did not end by themselves,
+    at one of `stop_ids`, are dropped)."""
     prefix = torch.tensor([request_prefix(tok, source)] * CHUNK)
     stop = sorted(stop_ids)
     with torch.random.fork_rng():
@@ -94,9 +94,14 @@ def sample_requests(
             pad_token_id=stop[0],
             **SAMPLING,
         )
+    return _texts(tok, out[:, prefix.shape[1] :].tolist(), stop_ids)
+
+
+def _texts(tok: Any, rows: list[list[int]], stop_ids: set[int]) -> list[str]:
+    """The requests among sampled rows: each row up to its first stop id, if it has one and enough words."""
     texts = []
-    for row in out[:, prefix.shape[1] :].tolist():
-        ended = next((i for i, t in enumerate(row) if t in stop), None)
+    for row in rows:
+        ended = next((i for i, t in enumerate(row) if t in stop_ids), None)
         if ended is None:
             continue
         text = tok.decode(row[:ended], skip_special_tokens=True).strip()
@@ -105,7 +110,20 @@ def sample_requests(
     return texts
 
 
-def _chunk_path(root: Path, source: str, seed: int, chunk: int, target_files: Any) -> Path:
+def sample_chunks_engine(
+    tok: Any, source: str, seed: int, chunks: list[int], stop_ids: set[int], target_dir: Path, say: Any = None
+) -> dict[int, list[str]]:
+    """Chunks of sampled requests on a vLLM engine, all in one run: row r of chunk c is drawn under its own
+    seed (the chunk's seed + r), so a chunk's requests do not depend on what was sampled beside it."""
+    from speclab.drafters.generate import sampled_outputs
+
+    prefix = request_prefix(tok, source)
+    seeds = [_chunk_seed(seed, source, c) + r for c in chunks for r in range(CHUNK)]
+    rows = sampled_outputs([prefix] * len(seeds), seeds, SAMPLING, MAX_REQUEST_TOKENS, target_dir, say)
+    return {c: _texts(tok, rows[j * CHUNK : (j + 1) * CHUNK], stop_ids) for j, c in enumerate(chunks)}
+
+
+def _chunk_path(root: Path, source: str, seed: int, chunk: int, target_files: Any, engine: str) -> Path:
     blob = [
         SELF_VERSION,
         source,
@@ -117,8 +135,19 @@ def _chunk_path(root: Path, source: str, seed: int, chunk: int, target_files: An
         SAMPLING,
         target_files,
     ]
+    if engine != "transformers":  # added later: transformers-sampled chunks keep their names
+        blob.append(engine)
     key = hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
     return root / f"requests-{key}.json"
+
+
+def chunks_ahead(sides: list[int], need_train: int, need_held: int, chunk: int, kept: int) -> int:
+    """How many chunks (from `chunk` on) should give the requests still needed, at the share of requests per
+    chunk kept so far (0.85 before any) and the split's shares, with a tenth more for luck."""
+    per_chunk = kept / chunk if chunk and kept else 0.85 * CHUNK
+    held_share = HELD_PERMILLE / 1000
+    want = max((need_train - sides[0]) / (1 - held_share), (need_held - sides[1]) / held_share, 1.0)
+    return max(1, min(MAX_CHUNKS - chunk, int(1.1 * want / max(per_chunk, 1.0)) + 1))
 
 
 def self_pool(
@@ -132,28 +161,48 @@ def self_pool(
     target_files: Any,
     stop_ids: set[int],
     say: Any = None,
+    engine: str = "transformers",
+    target_dir: Path | None = None,
 ) -> list[Prompt]:
     """Requests of one self source, in generation order, enough for `need_train` on the training side and
     `need_held` on the held-out side. Chunks already cached are read, the others sampled (ending at one of
-    `stop_ids`) and cached."""
+    `stop_ids`) and cached: one at a time with transformers, with the vllm engine as many at once as should
+    be needed (target_dir: the target's checkpoint)."""
     log = say or (lambda msg: None)
     pool: list[Prompt] = []
     seen: set[str] = set()
     sides = [0, 0]  # [training, held]
-    chunk = 0
+    chunk = kept = 0
     while sides[0] < need_train or sides[1] < need_held:
         if chunk >= MAX_CHUNKS:
             raise SpeclabError(
                 f"drafters: {source}: {chunk} chunks of sampled requests gave only {sides[0]} training and "
                 f"{sides[1]} held-out requests (needed {need_train} and {need_held})"
             )
-        path = _chunk_path(root, source, seed, chunk, target_files)
+        path = _chunk_path(root, source, seed, chunk, target_files, engine)
         if path.is_file():
             texts = json.loads(path.read_text())["requests"]
-        else:
+        elif engine == "transformers":
             texts = sample_requests(model, tok, source, seed, chunk, stop_ids)
             atomic_write_text(path, json.dumps({"source": source, "chunk": chunk, "requests": texts}))
             log(f"data: {source}: sampled request chunk {chunk + 1} ({len(texts)} kept of {CHUNK})")
+        else:
+            if target_dir is None:
+                raise SpeclabError(
+                    "drafters: sampling requests on the vllm engine needs the target's directory"
+                )
+            span = range(chunk, chunk + chunks_ahead(sides, need_train, need_held, chunk, kept))
+            todo = [c for c in span if not _chunk_path(root, source, seed, c, target_files, engine).is_file()]
+            got = sample_chunks_engine(tok, source, seed, todo, stop_ids, target_dir, say)
+            for c, t in got.items():
+                cpath = _chunk_path(root, source, seed, c, target_files, engine)
+                atomic_write_text(cpath, json.dumps({"source": source, "chunk": c, "requests": t}))
+            n = sum(len(t) for t in got.values())
+            log(
+                f"data: {source}: sampled request chunks {span.start + 1}-{span.stop} ({n} kept of {len(todo) * CHUNK})"
+            )
+            texts = got[chunk]
+        kept += len(texts)
         for text in texts:
             key = normalize(text)
             if key in seen:

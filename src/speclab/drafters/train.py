@@ -38,6 +38,7 @@ from speclab.drafters.data import (
     training_prompts,
 )
 from speclab.drafters.evaluate import collate, left_out_sources, replay_metrics
+from speclab.drafters.generate import greedy_sequences
 from speclab.drafters.loop import (
     cache_entry,
     fit,
@@ -84,15 +85,21 @@ SELF_EVAL = [
     "offline-code-edit",
     "stdlib-complete",
 ]
+# the trainer's default: the self requests and the offline workloads together (better than "offline" on the
+# offline workloads and than "self" on left-out prompts: docs/results/2026-12-06-drafters-left-out.md), sized
+# to fit 30 minutes on 2 CPU cores with the vllm data engine, data stage included; the standard library's
+# question, word-problem and completion prompts are its left-out evaluation sources
+MIX_WORKLOADS = {"self-chat": 384, "self-math": 192, "self-code": 192, **DEFAULT_WORKLOADS}
+MIX_EVAL = [*SELF_EVAL, "stdlib-docqa", "stdlib-math"]
 # training corpora by name: (training sources -> prompts, evaluation sources); "offline" is the original recipe
 CORPORA = {
     "offline": (DEFAULT_WORKLOADS, DEFAULT_EVAL),
     "stdlib": (STDLIB_WORKLOADS, STDLIB_EVAL),
     "self": (SELF_WORKLOADS, SELF_EVAL),
-    # both: better than "offline" on the offline workloads and than "self" on left-out prompts
-    # (docs/results/2026-12-06-drafters-left-out.md, section 5); the offline workloads are then held out
-    "self+offline": ({**SELF_WORKLOADS, **DEFAULT_WORKLOADS}, SELF_EVAL),
+    "self+offline": (MIX_WORKLOADS, MIX_EVAL),
 }
+CORPUS_EPOCHS = {"self+offline": 6}  # where a corpus's recipe differs from EagleRecipe.epochs
+DEFAULT_CORPUS = "self+offline"
 
 
 @dataclass
@@ -117,11 +124,12 @@ class EagleRecipe:
     eval_prompts: int = 16
     eval_seed: int = 42  # the demo's seed: its prompts are exactly the held-out ones
     evals: int = 6  # points on the acceptance curve
+    data_engine: str = "transformers"  # what decodes the data stage: speclab.drafters.generate
 
     def key(self, target_files: Any) -> str:
         fields = asdict(self)
         # added later: at their defaults they leave the key as it was, so cached heads keep their names
-        for name, default in (("head_layers", 1), ("soft_weight", 0.0)):
+        for name, default in (("head_layers", 1), ("soft_weight", 0.0), ("data_engine", "transformers")):
             if fields[name] == default:
                 del fields[name]
         fields.update(source_identity(self))
@@ -307,7 +315,14 @@ def chunk_key(chunk: list[Any], recipe: Any, aux: list[int], target_files: Any) 
         aux,
         target_files,
     ]
+    engine = data_engine(recipe)
+    if engine != "transformers":  # added later: transformers-made chunks keep their names
+        blob.append(engine)
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def data_engine(recipe: Any) -> str:
+    return getattr(recipe, "data_engine", "transformers")
 
 
 def cached_chunks(
@@ -323,25 +338,71 @@ def cached_chunks(
     info: dict[str, Any] | None = None,
 ) -> list[Sequence]:
     """The sequences of `prompts`, per chunk of DATA_CHUNK prompts of one workload: read from the cache
-    (`{kind}-<hash>.pt`) or generated and cached. `info` counts generated and cached prompts."""
+    (`{kind}-<hash>.pt`) or generated and cached. `info` counts generated and cached prompts. With the vllm
+    data engine every chunk not cached is decoded first, in one engine run."""
     chunks = data_chunks(prompts)
+    paths = [root / f"{kind}-{chunk_key(chunk, recipe, aux, ident)}.pt" for chunk in chunks]
+    decoded = None
+    missing = [p for chunk, path in zip(chunks, paths, strict=True) if not path.is_file() for p in chunk]
+    if missing and data_engine(recipe) != "transformers":
+        decoded = decode_prompts(missing, recipe, model, tok, say)
     seqs: list[Sequence] = []
-    for i, chunk in enumerate(chunks):
-        path = root / f"{kind}-{chunk_key(chunk, recipe, aux, ident)}.pt"
+    for i, (chunk, path) in enumerate(zip(chunks, paths, strict=True)):
         t = time.perf_counter()
 
         def build(chunk: list[Any] = chunk) -> list[Sequence]:
+            if decoded is None:
+                return build_sequences(
+                    model,
+                    tok,
+                    chunk,
+                    aux,
+                    recipe.max_new_tokens,
+                    recipe.max_prompt_tokens,
+                    batch_size=DATA_CHUNK,
+                )
             return build_sequences(
-                model, tok, chunk, aux, recipe.max_new_tokens, recipe.max_prompt_tokens, batch_size=DATA_CHUNK
+                model,
+                tok,
+                chunk,
+                aux,
+                recipe.max_new_tokens,
+                recipe.max_prompt_tokens,
+                batch_size=DATA_CHUNK,
+                decoded=decoded,
             )
 
         fresh = not path.is_file()
         seqs += cached_sequences(path, build, lambda m: None)
         if info is not None:
             info["generated_prompts" if fresh else "cached_prompts"] += len(chunk)
-        state = f"generated in {time.perf_counter() - t:.0f} s" if fresh else "cached"
+        state = (
+            f"{'features' if decoded else 'generated'} in {time.perf_counter() - t:.0f} s"
+            if fresh
+            else "cached"
+        )
         say(f"data: {kind} chunk {i + 1}/{len(chunks)} ({chunk[0].workload}, {len(chunk)} prompts) {state}")
     return seqs
+
+
+def decode_prompts(prompts: list[Any], recipe: Any, model: Any, tok: Any, say: Any) -> dict[str, list[int]]:
+    """Prompt id -> the rendered prompt followed by the target's greedy output, decoded by the recipe's data
+    engine in one run."""
+    from speclab.workloads.render import render_prompt
+
+    ids = [render_prompt(p, tok, recipe.max_prompt_tokens)[0] for p in prompts]
+    t = time.perf_counter()
+    full = greedy_sequences(
+        model,
+        ids,
+        recipe.max_new_tokens,
+        eos_ids(model, tok),
+        data_engine(recipe),
+        target_path(recipe.target),
+        say,
+    )
+    say(f"data: decoded {len(prompts)} prompts on {data_engine(recipe)} in {time.perf_counter() - t:.0f} s")
+    return {p.id: f for p, f in zip(prompts, full, strict=True)}
 
 
 def load_data(
@@ -381,8 +442,10 @@ def self_pools(recipe: Any, model: Any, tok: Any, root: Path, ident: Any, say: A
     for w in names:
         n = int(recipe.workloads.get(w, 0))
         need_held = recipe.eval_prompts if w in recipe.eval_workloads else 0
+        engine = data_engine(recipe)
+        where = target_path(recipe.target) if engine != "transformers" else None
         pools[w] = self_pool(
-            model, tok, w, n + max(8, n // 10), need_held, recipe.seed, root, ident, stop, say
+            model, tok, w, n + max(8, n // 10), need_held, recipe.seed, root, ident, stop, say, engine, where
         )
     return pools
 

@@ -1,0 +1,94 @@
+"""How a drafter's data stage decodes with the target: its greedy answers to the training prompts and the
+requests it samples for the self sources (speclab.drafters.selfgen), on one of two engines:
+
+- `vllm`: a vLLM engine worker (speclab.replay.generate.engine_generate) runs a whole batch of prompts at
+  once, continuously batched. On 2 CPU cores it decodes about three times the tokens per second of the
+  transformers loop (151 against 47 tokens/s on 256 standard-library prompts of ~120 tokens, start-up of
+  ~18 s included: docs/drafters.md, "Data engine"), so a fixed budget buys about twice the data.
+- `transformers`: the target in this process, batches of DATA_CHUNK prompts with left padding. No engine to
+  start; what the shipped presets' cached data was made with, and the fallback where vLLM is not installed.
+
+Either way the target's features, argmax and top-k logits come afterwards from one teacher-forced forward of
+the transformers model over each finished sequence (speclab.drafters.data.features_of), so only the choice
+of tokens depends on the engine: both decode greedily in fp32 and agree up to float ties.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from speclab.drafters.data import DATA_CHUNK, greedy_tokens
+from speclab.errors import SpeclabError
+
+ENGINES = ("vllm", "transformers")
+
+
+def default_engine() -> str:
+    """`vllm` where it is installed, else `transformers`."""
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "transformers"
+
+
+def check_engine(engine: str) -> str:
+    if engine not in ENGINES:
+        raise SpeclabError(f"drafters: data engine {engine!r} is not one of {', '.join(ENGINES)}")
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise SpeclabError(
+            "drafters: data engine vllm needs vLLM installed (or use --data-engine transformers)"
+        )
+    return engine
+
+
+def cut_at_stop(out: list[int], stop: set[int]) -> tuple[list[int], bool]:
+    """`out` up to and including its first stop id; whether it had one."""
+    end = next((i for i, t in enumerate(out) if t in stop), None)
+    return (list(out), False) if end is None else (list(out[: end + 1]), True)
+
+
+def greedy_sequences(
+    model: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    stop: set[int],
+    engine: str,
+    target_dir: Path | None = None,
+    say: Any = None,
+) -> list[list[int]]:
+    """Each prompt followed by its greedy output, which ends at its first stop id or after max_new_tokens.
+    `vllm` decodes every prompt in one engine run (target_dir: the target's checkpoint); `transformers`
+    decodes `model` in length-sorted batches of DATA_CHUNK."""
+    if not prompts:
+        return []
+    if check_engine(engine) == "transformers":
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        full: dict[int, list[int]] = {}
+        for s in range(0, len(order), DATA_CHUNK):
+            idx = order[s : s + DATA_CHUNK]
+            for i, seq in zip(
+                idx, greedy_tokens(model, [prompts[i] for i in idx], max_new_tokens, stop), strict=True
+            ):
+                full[i] = seq
+        return [full[i] for i in range(len(prompts))]
+    from speclab.replay.generate import engine_generate
+
+    if target_dir is None:
+        raise SpeclabError("drafters: the vllm data engine needs the target's checkpoint directory")
+    outs = engine_generate(prompts, target_dir, max_new_tokens, echo=say)
+    return [list(p) + cut_at_stop(o, stop)[0] for p, o in zip(prompts, outs, strict=True)]
+
+
+def sampled_outputs(
+    prefixes: list[list[int]],
+    seeds: list[int],
+    sampling: dict[str, Any],
+    max_new_tokens: int,
+    target_dir: Path,
+    say: Any = None,
+) -> list[list[int]]:
+    """One sampled continuation per prefix on a vLLM engine, each under its own seed (a draw repeats
+    whatever else runs beside it)."""
+    from speclab.replay.generate import engine_generate
+
+    per = [{**sampling, "seed": int(s), "max_tokens": max_new_tokens} for s in seeds]
+    return engine_generate(prefixes, target_dir, max_new_tokens, echo=say, sampling=per)
