@@ -385,16 +385,32 @@ def show_cmd(path: str) -> None:
 )
 @click.option("--seed", type=int, default=42, show_default=True, help="Seed of the evaluation draw.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Drafters cache directory.")
+@click.option(
+    "--data-engine",
+    type=click.Choice(["transformers", "vllm"]),
+    default="transformers",
+    show_default=True,
+    help="What decodes the evaluation prompts (and samples self-* requests): the same for every head, so "
+    "heads are compared on the same token sequences.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def evaluate_cmd(
-    path: str, sources: str, prompts: int, seed: int, cache_dir: str | None, as_json: bool
+    path: str, sources: str, prompts: int, seed: int, cache_dir: str | None, data_engine: str, as_json: bool
 ) -> None:
     """Replay a trained EAGLE-3 head on the evaluation prompts of SOURCES (the same prompts for any head),
     each source marked left out of its training or held out of a training source."""
     from speclab.drafters.assess import evaluate_head
 
     names = [_source_name(w.strip(), w.strip(), "--sources") for w in sources.split(",") if w.strip()]
-    res = evaluate_head(Path(path), names, prompts, seed, cache_dir, log=lambda m: click.echo(m, err=True))
+    res = evaluate_head(
+        Path(path),
+        names,
+        prompts,
+        seed,
+        cache_dir,
+        log=lambda m: click.echo(m, err=True),
+        data_engine=data_engine,
+    )
     if as_json:
         click.echo(json.dumps(res, indent=1))
         return

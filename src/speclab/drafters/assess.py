@@ -47,15 +47,23 @@ def evaluate_head(
     seed: int = 42,
     cache_dir: str | None = None,
     log: Any = None,
+    data_engine: str = "transformers",
 ) -> dict[str, Any]:
     """Replay metrics of the head at `head_dir` (its own k) on the first `prompts` evaluation prompts of each
     source (drawn as training draws its evaluation prompts, under `seed`), with the pooled groups; each
-    source's entry carries `left_out` (not a training source of the head)."""
+    source's entry carries `left_out` (not a training source of the head). The prompts are decoded by
+    `data_engine` whatever the head was trained with, so any two heads see the same sequences."""
     say = log or (lambda msg: None)
     trained = head_recipe(head_dir)
     # the evaluation data as training makes it: same output length, prompt limit and aux layers
     r = EagleRecipe(
-        **{**vars(trained), "eval_workloads": list(sources), "eval_prompts": prompts, "eval_seed": seed}
+        **{
+            **vars(trained),
+            "eval_workloads": list(sources),
+            "eval_prompts": prompts,
+            "eval_seed": seed,
+            "data_engine": data_engine,
+        }
     )
     target_dir = target_path(r.target)
     ident = target_identity(target_dir)
