@@ -226,7 +226,9 @@ def test_corpus_recipe_keys_name_the_python_version(monkeypatch) -> None:
     from speclab.drafters.train import CORPORA, RECIPE_VERSION, EagleRecipe
 
     plain = EagleRecipe()
-    fields = {k: v for k, v in asdict(plain).items() if k not in ("head_layers", "soft_weight", "data_engine")}
+    fields = {
+        k: v for k, v in asdict(plain).items() if k not in ("head_layers", "soft_weight", "data_engine")
+    }
     before = hashlib.sha256(json.dumps([RECIPE_VERSION, fields, "t"], sort_keys=True).encode()).hexdigest()
     assert plain.key("t") == before[:12]  # the offline recipe keeps the key it had: cached heads stay found
     draft = json.dumps([DRAFT_VERSION, asdict(DraftRecipe()), "t"], sort_keys=True)
