@@ -112,21 +112,31 @@ def test_chunks_ahead_covers_the_rarer_side() -> None:
     assert sg.chunks_ahead([0, 0], 10**6, 0, 0, 0) == sg.MAX_CHUNKS
 
 
-def test_seeded_generation_turns_chunked_prefill_off(tmp_path: Path, monkeypatch) -> None:
-    import speclab.replay.generate as rg
-    from speclab.engine.protocol import read_job
+def test_engines_with_seeded_requests_keep_prefills_whole(monkeypatch) -> None:
+    """vLLM's CPU build cannot rewind a seeded generator when a prefill is split across steps: a job with a
+    seeded request gets an engine with chunked prefill off and a step budget that fits a whole prompt."""
+    pytest.importorskip("vllm")
+    from speclab.engine import cpu_sampling
+    from speclab.engine.protocol import CellSpec, EngineSpec, Job, PromptSpec
+    from speclab.engine.worker import job_is_seeded
 
-    seen = {}
+    def job(sampling):
+        cell = CellSpec("c", "continuous", 2, 4, [PromptSpec("p", [1, 2, 3], sampling=sampling)])
+        return Job(EngineSpec(target="t", max_num_seqs=2), [cell])
 
-    def fake_run(d):
-        seen["job"] = read_job(d / "job.json")
-        raise RuntimeError("stop here")
+    assert job_is_seeded(job({"temperature": 1.0, "seed": 3}))
+    assert not job_is_seeded(job({"temperature": 1.0})) and not job_is_seeded(job(None))
+    from vllm.platforms import current_platform
 
-    monkeypatch.setattr(rg, "_run_worker", fake_run)
-    for sampling, off in (([{"temperature": 1.0, "seed": 3}], True), (None, False)):
-        with pytest.raises(RuntimeError):
-            rg.engine_generate([[1, 2, 3]], tmp_path, 4, sampling=sampling)
-        assert (seen["job"].engine.llm_kwargs.get("enable_chunked_prefill") is False) == off
+    kw = cpu_sampling.whole_prefill_kwargs(True, 8192, {})
+    if current_platform.is_cpu():
+        assert kw == {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192}
+    else:
+        assert kw == {}
+    assert cpu_sampling.whole_prefill_kwargs(False, 8192, {}) == {}
+    assert cpu_sampling.whole_prefill_kwargs(True, 8192, {"enable_chunked_prefill": True}) == {}
+    monkeypatch.setenv(cpu_sampling.FIX_ENV, "off")
+    assert cpu_sampling.whole_prefill_kwargs(True, 8192, {}) == {}
 
 
 def test_the_data_engine_is_in_the_recipe_key_only_when_not_transformers() -> None:

@@ -22,6 +22,12 @@ whose batch has a top-k request but no draft token at all (every lookup missed) 
 `guard_empty_top_k()` wraps that function so an empty batch of logits is returned as it is (there is nothing
 to mask), only where the probe shows the fault; `install()` applies both.
 
+A third, in the model runner: when a prefill is split across engine steps (chunked prefill, whenever the
+prompts scheduled together exceed the step's token budget), vLLM rewinds the seeded request's random
+generator by the draw it discards (`generator.set_offset`), which a CPU generator does not support ("CPU
+Generator does not use offset"): the engine dies. `whole_prefill_kwargs()` gives the engine arguments that
+schedule whole prefills only, for engines that run seeded requests on the CPU build.
+
 `SPECLAB_CPU_SAMPLING_FIX=off` (also 0, false, no) leaves vLLM's own expansion in place, to see its default
 behaviour: `engine_kwargs()` then asks for no worker extension and `install()` does nothing.
 """
@@ -74,6 +80,21 @@ def engine_kwargs() -> dict[str, str]:
     from vllm.platforms import current_platform
 
     return {"worker_extension_cls": WORKER_EXTENSION} if current_platform.is_cpu() else {}
+
+
+def whole_prefill_kwargs(seeded: bool, max_model_len: int, user: dict[str, Any]) -> dict[str, Any]:
+    """Engine arguments that keep prefills whole (chunked prefill off, a step's token budget of at least
+    max_model_len), on vLLM's CPU build, for an engine that runs seeded requests; {} otherwise, where the
+    fix is off, or where the user's engine arguments set chunked prefill themselves."""
+    if not seeded or not fix_enabled() or "enable_chunked_prefill" in user:
+        return {}
+    from vllm.config.scheduler import SchedulerConfig
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    budget = max(int(user.get("max_num_batched_tokens") or 0), SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(budget, max_model_len)}
 
 
 def expansion_is_correct() -> bool:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from speclab.catalog import MODEL_BASED, trace_method_name
+from speclab.engine import cpu_sampling
 from speclab.engine.launch import kv_cache_env
 from speclab.engine.measure import (
     checkpoint_num_params,
@@ -67,7 +68,7 @@ MAX_IDLE_STEPS = 10_000
 class Engine:
     """One vLLM engine, driven step by step, with the step profiler installed."""
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSpec, seeded: bool = False) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         for key, value in kv_cache_env(spec.kv_cache_gib).items():
             os.environ.setdefault(key, value)
@@ -86,6 +87,8 @@ class Engine:
             # extra keys to the class): speclab.methods.vllm_custom.OPTIONS_ENV
             os.environ["SPECLAB_PROPOSER_OPTIONS"] = json.dumps(spec.options["proposer_options"])
         self.kwargs = llm_kwargs(spec, self.target, self.drafter)
+        # seeded requests on the CPU build: whole prefills only (speclab.engine.cpu_sampling)
+        self.kwargs.update(cpu_sampling.whole_prefill_kwargs(seeded, spec.max_model_len, spec.llm_kwargs))
         t1 = time.perf_counter()
         self.llm = LLM(**self.kwargs)
         self.adaptive = adaptive_model_drafter(spec)
@@ -349,9 +352,14 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg[-1] if msg else ''}"[:2000]
 
 
+def job_is_seeded(job: Job) -> bool:
+    """Whether any request of the job samples under a seed (vLLM then keeps a generator for it)."""
+    return any(p.sampling and p.sampling.get("seed") is not None for c in job.cells for p in c.prompts)
+
+
 def run_job(job: Job, out: str) -> int:
     try:
-        engine = Engine(job.engine)
+        engine = Engine(job.engine, seeded=job_is_seeded(job))
     except SpeclabError as exc:
         for c in job.cells:
             append_result(out, _failed(c, f"engine setup: {exc}"))

@@ -137,10 +137,6 @@ def engine_generate(
         enforce_eager=True,
     )
     per = sampling or [None] * len(prompts)
-    if any(s and s.get("seed") is not None for s in per):
-        # a request's seeded generator cannot be rewound on vLLM's CPU build ("CPU Generator does not use
-        # offset"), which a prefill split across steps needs: whole prefills only (max_model_len fits a step)
-        spec.llm_kwargs["enable_chunked_prefill"] = False
     specs = [PromptSpec(f"p{i}", p, sampling=per[i]) for i, p in enumerate(prompts)]
     cell = CellSpec("generate", "continuous", batch, max_tokens, specs)
     job = Job(spec, [cell], warmup=False)
