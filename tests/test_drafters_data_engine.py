@@ -149,3 +149,24 @@ def test_the_data_engine_is_in_the_recipe_key_only_when_not_transformers() -> No
     assert "data_engine" in asdict(a) and a.key("t") != b.key("t")
     chunk = [Prompt("p1", "w", "chat", [{"role": "user", "content": "x"}])]
     assert chunk_key(chunk, a, [1], "t") != chunk_key(chunk, b, [1], "t")
+
+
+@pytest.mark.engine
+def test_seeded_requests_whose_prefills_overflow_a_step_run_on_the_engine() -> None:
+    """32 seeded requests of 151 prompt tokens at T = 1 overflow a 2,048-token step: on vLLM's CPU build a
+    split prefill killed the engine ("CPU Generator does not use offset"); with whole prefills every request
+    finishes, and a request's draw does not depend on what ran beside it."""
+    pytest.importorskip("vllm")
+    from speclab.models.prepare import resolve_model
+    from speclab.replay.generate import engine_generate
+
+    try:
+        target = resolve_model("smollm2-135m", prepare=False)
+    except Exception as exc:  # noqa: BLE001 - any reason the checkpoint is missing
+        pytest.skip(f"target checkpoint not prepared: {exc}")
+    prompts = [[1] + [100 + (i * 7 + j) % 500 for j in range(150)] for i in range(32)]
+    sampling = [{"temperature": 1.0, "seed": 1000 + i} for i in range(32)]
+    outs = engine_generate(prompts, target, 8, max_batch=32, sampling=sampling)
+    assert len(outs) == 32 and all(len(o) >= 1 for o in outs)
+    alone = engine_generate(prompts[5:6], target, 8, max_batch=1, sampling=sampling[5:6])
+    assert alone[0] == outs[5]
