@@ -351,25 +351,9 @@ def cached_chunks(
         t = time.perf_counter()
 
         def build(chunk: list[Any] = chunk) -> list[Sequence]:
-            if decoded is None:
-                return build_sequences(
-                    model,
-                    tok,
-                    chunk,
-                    aux,
-                    recipe.max_new_tokens,
-                    recipe.max_prompt_tokens,
-                    batch_size=DATA_CHUNK,
-                )
+            extra = {} if decoded is None else {"decoded": decoded}  # decoded elsewhere: features only
             return build_sequences(
-                model,
-                tok,
-                chunk,
-                aux,
-                recipe.max_new_tokens,
-                recipe.max_prompt_tokens,
-                batch_size=DATA_CHUNK,
-                decoded=decoded,
+                model, tok, chunk, aux, recipe.max_new_tokens, recipe.max_prompt_tokens, DATA_CHUNK, **extra
             )
 
         fresh = not path.is_file()
