@@ -1,5 +1,5 @@
-"""How a drafter's data stage decodes with the target: its greedy answers to the training prompts and the
-requests it samples for the self sources (speclab.drafters.selfgen), on one of two engines:
+"""How a drafter's data stage decodes with the target: its greedy answers to the training prompts (and, in
+speclab.drafters.selfgen, the requests it samples for the self sources), on one of two engines:
 
 - `vllm`: a vLLM engine worker (speclab.replay.generate.engine_generate) runs a whole batch of prompts at
   once, continuously batched. On 2 CPU cores it decodes about three times the tokens per second of the
@@ -76,19 +76,3 @@ def greedy_sequences(
         raise SpeclabError("drafters: the vllm data engine needs the target's checkpoint directory")
     outs = engine_generate(prompts, target_dir, max_new_tokens, echo=say)
     return [list(p) + cut_at_stop(o, stop)[0] for p, o in zip(prompts, outs, strict=True)]
-
-
-def sampled_outputs(
-    prefixes: list[list[int]],
-    seeds: list[int],
-    sampling: dict[str, Any],
-    max_new_tokens: int,
-    target_dir: Path,
-    say: Any = None,
-) -> list[list[int]]:
-    """One sampled continuation per prefix on a vLLM engine, each under its own seed (a draw repeats
-    whatever else runs beside it)."""
-    from speclab.replay.generate import engine_generate
-
-    per = [{**sampling, "seed": int(s), "max_tokens": max_new_tokens} for s in seeds]
-    return engine_generate(prefixes, target_dir, max_new_tokens, echo=say, sampling=per)

@@ -115,11 +115,12 @@ def sample_chunks_engine(
 ) -> dict[int, list[str]]:
     """Chunks of sampled requests on a vLLM engine, all in one run: row r of chunk c is drawn under its own
     seed (the chunk's seed + r), so a chunk's requests do not depend on what was sampled beside it."""
-    from speclab.drafters.generate import sampled_outputs
+    from speclab.replay.generate import engine_generate
 
     prefix = request_prefix(tok, source)
     seeds = [_chunk_seed(seed, source, c) + r for c in chunks for r in range(CHUNK)]
-    rows = sampled_outputs([prefix] * len(seeds), seeds, SAMPLING, MAX_REQUEST_TOKENS, target_dir, say)
+    per = [{**SAMPLING, "seed": s, "max_tokens": MAX_REQUEST_TOKENS} for s in seeds]
+    rows = engine_generate([prefix] * len(seeds), target_dir, MAX_REQUEST_TOKENS, echo=say, sampling=per)
     return {c: _texts(tok, rows[j * CHUNK : (j + 1) * CHUNK], stop_ids) for j, c in enumerate(chunks)}
 
 
