@@ -51,12 +51,12 @@ def test_vllm_sequences_give_the_rows_transformers_decoding_gives(monkeypatch) -
     import speclab.replay.generate as rg
 
     monkeypatch.setattr(rg, "engine_generate", fake_engine)
-    full = gen.greedy_sequences(target, prompts, 12, stop, "vllm", Path("."))
+    full = gen.engine_sequences(prompts, 12, stop, Path("."))
     got = data.features_of(target, prompts, full, AUX)
     for (t1, f1, l1, n1, _, _), (t2, f2, l2, n2, _, _) in zip(want, got, strict=True):
         assert n1 == n2 and torch.equal(t1, t2) and torch.equal(l1, l2)
         assert torch.allclose(f1.float(), f2.float(), atol=1e-2)
-    assert gen.greedy_sequences(target, prompts, 12, stop, "transformers") == [t.tolist() for t, *_ in want]
+    assert gen.engine_sequences([], 12, stop, Path(".")) == []
 
 
 class FakeEngine:

@@ -19,7 +19,6 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from speclab.drafters.data import DATA_CHUNK, greedy_tokens
 from speclab.errors import SpeclabError
 
 ENGINES = ("vllm", "transformers")
@@ -46,33 +45,15 @@ def cut_at_stop(out: list[int], stop: set[int]) -> tuple[list[int], bool]:
     return (list(out), False) if end is None else (list(out[: end + 1]), True)
 
 
-def greedy_sequences(
-    model: Any,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    stop: set[int],
-    engine: str,
-    target_dir: Path | None = None,
-    say: Any = None,
+def engine_sequences(
+    prompts: list[list[int]], max_new_tokens: int, stop: set[int], target_dir: Path, say: Any = None
 ) -> list[list[int]]:
-    """Each prompt followed by its greedy output, which ends at its first stop id or after max_new_tokens.
-    `vllm` decodes every prompt in one engine run (target_dir: the target's checkpoint); `transformers`
-    decodes `model` in length-sorted batches of DATA_CHUNK."""
-    if not prompts:
-        return []
-    if check_engine(engine) == "transformers":
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        full: dict[int, list[int]] = {}
-        for s in range(0, len(order), DATA_CHUNK):
-            idx = order[s : s + DATA_CHUNK]
-            for i, seq in zip(
-                idx, greedy_tokens(model, [prompts[i] for i in idx], max_new_tokens, stop), strict=True
-            ):
-                full[i] = seq
-        return [full[i] for i in range(len(prompts))]
+    """Each prompt followed by its greedy output, which ends at its first stop id or after max_new_tokens,
+    every prompt decoded in one vLLM engine run (target_dir: the target's checkpoint). The `transformers`
+    engine decodes chunk by chunk in speclab.drafters.data.build_sequences instead."""
     from speclab.replay.generate import engine_generate
 
-    if target_dir is None:
-        raise SpeclabError("drafters: the vllm data engine needs the target's checkpoint directory")
+    if not prompts:
+        return []
     outs = engine_generate(prompts, target_dir, max_new_tokens, echo=say)
     return [list(p) + cut_at_stop(o, stop)[0] for p, o in zip(prompts, outs, strict=True)]

@@ -38,7 +38,7 @@ from speclab.drafters.data import (
     training_prompts,
 )
 from speclab.drafters.evaluate import collate, left_out_sources, replay_metrics
-from speclab.drafters.generate import greedy_sequences
+from speclab.drafters.generate import engine_sequences
 from speclab.drafters.loop import (
     cache_entry,
     fit,
@@ -99,7 +99,6 @@ CORPORA = {
     "self+offline": (MIX_WORKLOADS, MIX_EVAL),
 }
 CORPUS_EPOCHS = {"self+offline": 6}  # where a corpus's recipe differs from EagleRecipe.epochs
-DEFAULT_CORPUS = "self+offline"
 
 
 @dataclass
@@ -370,22 +369,14 @@ def cached_chunks(
 
 
 def decode_prompts(prompts: list[Any], recipe: Any, model: Any, tok: Any, say: Any) -> dict[str, list[int]]:
-    """Prompt id -> the rendered prompt followed by the target's greedy output, decoded by the recipe's data
-    engine in one run."""
+    """Prompt id -> the rendered prompt followed by the target's greedy output, decoded on a vLLM engine in
+    one run (the vllm data engine)."""
     from speclab.workloads.render import render_prompt
 
     ids = [render_prompt(p, tok, recipe.max_prompt_tokens)[0] for p in prompts]
     t = time.perf_counter()
-    full = greedy_sequences(
-        model,
-        ids,
-        recipe.max_new_tokens,
-        eos_ids(model, tok),
-        data_engine(recipe),
-        target_path(recipe.target),
-        say,
-    )
-    say(f"data: decoded {len(prompts)} prompts on {data_engine(recipe)} in {time.perf_counter() - t:.0f} s")
+    full = engine_sequences(ids, recipe.max_new_tokens, eos_ids(model, tok), target_path(recipe.target), say)
+    say(f"data: decoded {len(prompts)} prompts on vllm in {time.perf_counter() - t:.0f} s")
     return {p.id: f for p, f in zip(prompts, full, strict=True)}
 
 
